@@ -1,0 +1,488 @@
+"""The scheduler: which requests compute how many tokens in the next step, and what happens after it.
+
+One control plane for both clocks: the GPU engine and the SimPy simulator drive this same class,
+differing only in the injected `clock` and in who turns a `ScheduledBatch` into sampled tokens.
+Torch-free. Policies (`chunked`, `prefill_first`) are small strategy objects over shared helpers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence as Seq
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig, cdiv
+from engine.sequence import SamplingParams, Sequence, SequenceStatus
+
+RUNNING = SequenceStatus.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledBatch:
+    """One step's work. Per-sequence tuples are aligned with `seqs` (execution order)."""
+
+    seqs: tuple[Sequence, ...]
+    num_scheduled_tokens: tuple[int, ...]  # tokens computed this step
+    num_computed_tokens: tuple[int, ...]  # tokens already in the KV cache before the step
+    is_prefill: tuple[bool, ...]
+    do_sample: tuple[bool, ...]  # the step completes the sequence's pending tokens: sample one
+    num_cached_tokens: tuple[int, ...]  # prefix-cache hit tokens granted at this step
+    preempted_seq_ids: tuple[int, ...]
+    num_kv_blocks_used: int
+    kind: str  # "prefill" | "decode" | "mixed" | "empty"
+    num_prefill_seqs: int
+    total_num_scheduled_tokens: int
+    num_prefill_tokens: int
+    total_num_cached_tokens: int
+    num_context_tokens: int  # sum of num_computed_tokens
+    max_seq_len: int  # max of num_computed + num_scheduled
+    prefill_attn_work: float  # sum over prefills of new * (computed + (new + 1) / 2)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return len(self.seqs) - self.num_prefill_seqs
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+def make_batch(
+    seqs: list[Sequence],
+    num_new: list[int],
+    computed: list[int],
+    cached: list[int],
+    preempted: list[int],
+    num_kv_blocks_used: int,
+) -> ScheduledBatch:
+    """Build a ScheduledBatch and its totals from the per-sequence grants of one step."""
+    do_sample = [c + n == s.num_tokens for s, c, n in zip(seqs, computed, num_new)]
+    is_prefill = [n > 1 or not d for n, d in zip(num_new, do_sample)]
+    num_prefill_seqs = sum(is_prefill)
+    if num_prefill_seqs:
+        pre = [(n, c) for n, c, p in zip(num_new, computed, is_prefill) if p]
+        num_prefill_tokens = sum(n for n, _ in pre)
+        work = float(sum(n * (c + (n + 1) / 2) for n, c in pre))
+        kind = "prefill" if num_prefill_seqs == len(seqs) else "mixed"
+        max_seq_len = max(c + n for c, n in zip(computed, num_new))
+    else:
+        num_prefill_tokens, work = 0, 0.0
+        kind = "decode" if seqs else "empty"
+        max_seq_len = max(computed) + 1 if seqs else 0
+    return ScheduledBatch(
+        seqs=tuple(seqs),
+        num_scheduled_tokens=tuple(num_new),
+        num_computed_tokens=tuple(computed),
+        is_prefill=tuple(is_prefill),
+        do_sample=tuple(do_sample),
+        num_cached_tokens=tuple(cached),
+        preempted_seq_ids=tuple(preempted),
+        num_kv_blocks_used=num_kv_blocks_used,
+        kind=kind,
+        num_prefill_seqs=num_prefill_seqs,
+        total_num_scheduled_tokens=sum(num_new),
+        num_prefill_tokens=num_prefill_tokens,
+        total_num_cached_tokens=sum(cached),
+        num_context_tokens=sum(computed),
+        max_seq_len=max_seq_len,
+        prefill_attn_work=work,
+    )
+
+
+class _StepBuilder:
+    """Accumulates one step's grants while a policy schedules."""
+
+    __slots__ = ("seqs", "num_new", "computed", "cached", "preempted", "budget")
+
+    def __init__(self, budget: int) -> None:
+        self.seqs: list[Sequence] = []
+        self.num_new: list[int] = []
+        self.computed: list[int] = []
+        self.cached: list[int] = []
+        self.preempted: list[int] = []
+        self.budget = budget
+
+    def add(self, seq: Sequence, num_new: int, num_cached: int = 0) -> None:
+        self.seqs.append(seq)
+        self.num_new.append(num_new)
+        self.computed.append(seq.num_computed_tokens)
+        self.cached.append(num_cached)
+        self.budget -= num_new
+
+
+class Scheduler:
+    """Waiting and running queues over a BlockManager; `schedule()` then `postprocess()` each step."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        clock: Callable[[], float] = time.monotonic,
+        record_itl: bool = True,
+    ) -> None:
+        if config.max_num_batched_tokens < config.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({config.max_num_seqs}): every running request needs a token each decode step"
+            )
+        self.config = config
+        self.block_manager = block_manager
+        self.clock = clock
+        self.policy: Policy = POLICY_CLASSES[config.policy]()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.record_itl = record_itl
+        self.itl_counts: dict[float, int] = {}  # inter-token gap (s) -> how many tokens saw it
+        self.itl_runs: list[tuple[Seq[float], int]] = []  # fast-forwarded (end times, num seqs)
+        self.num_preemptions = 0
+        self.num_finished = 0
+        self.num_rejected = 0
+        self._next_seq_id = 0
+        self._finished_outside_step: list[Sequence] = []
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float | None = None,
+        eos_token_id: int | None = None,
+    ) -> Sequence:
+        """Queue a request; one that can never run comes back REJECTED with its reason."""
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        now = self.clock() if arrival_time is None else arrival_time
+        seq = Sequence(seq_id, prompt_token_ids, sampling_params, now, eos_token_id)
+        reason = self._rejection_reason(seq)
+        if reason:
+            seq.status = SequenceStatus.REJECTED
+            seq.finish_reason = reason
+            seq.finish_time = now
+            self.num_rejected += 1
+        else:
+            self.waiting.append(seq)
+        return seq
+
+    def _rejection_reason(self, seq: Sequence) -> str | None:
+        n, bm = seq.num_prompt_tokens, self.block_manager
+        if n > self.config.max_model_len:
+            return f"rejected: prompt of {n} tokens exceeds max_model_len {self.config.max_model_len}"
+        if cdiv(n, bm.block_size) > bm.num_blocks:
+            return f"rejected: prompt of {n} tokens needs more than the {bm.num_blocks} KV blocks of the cache"
+        return None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self._finished_outside_step)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---- one step -------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        step = self.policy.schedule(self)
+        return make_batch(
+            step.seqs, step.num_new, step.computed, step.cached, step.preempted, self.block_manager.num_used_blocks
+        )
+
+    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
+        """Account the step's computed tokens, append sampled tokens, finish what is done."""
+        now = self.clock()
+        finished, self._finished_outside_step = self._finished_outside_step, []
+        itl = self.itl_counts if self.record_itl else None
+        max_model_len = self.config.max_model_len
+        for seq, n, sample, token in zip(batch.seqs, batch.num_scheduled_tokens, batch.do_sample, sampled_token_ids):
+            seq.num_computed_tokens += n
+            if not sample:
+                continue
+            seq.token_ids.append(token)
+            last = seq.last_token_time
+            if last is None:
+                seq.first_token_time = now
+            elif itl is not None:
+                gap = now - last
+                itl[gap] = itl.get(gap, 0) + 1
+            seq.last_token_time = now
+            if not seq.ignore_eos and token == seq.eos_token_id:
+                self._finish(seq, "stop", now, finished)
+            elif len(seq.token_ids) - seq.num_prompt_tokens >= seq.max_tokens:
+                self._finish(seq, "length", now, finished)
+            elif len(seq.token_ids) >= max_model_len:
+                self._finish(seq, "max_model_len", now, finished)
+        if finished:
+            self.running = [s for s in self.running if s.status is RUNNING]
+        return finished
+
+    def _finish(self, seq: Sequence, reason: str, now: float, finished: list[Sequence]) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = now
+        self.block_manager.free(seq)
+        self.num_finished += 1
+        finished.append(seq)
+
+    # ---- helpers shared by the policies ---------------------------------------------------------
+    def _schedule_running(self, step: _StepBuilder) -> None:
+        """Grant each running sequence its pending tokens (1 for a decode) in order, preempting the
+        newest running sequences (recompute) when blocks run out."""
+        bm, running = self.block_manager, self.running
+        bs, caching = bm.block_size, bm.enable_prefix_caching
+        i = 0
+        while i < len(running) and step.budget > 0:
+            seq = running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, step.budget)
+            target = seq.num_computed_tokens + n
+            if (target > len(seq.block_table) * bs or (caching and target // bs > seq.num_cached_blocks)) and not (
+                self._allocate_or_preempt(seq, target, step)
+            ):
+                break
+            step.add(seq, n)
+            i += 1
+
+    def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
+        bm, running = self.block_manager, self.running
+        while not bm.allocate_slots(seq, num_tokens):
+            victim = running.pop()
+            if victim is seq and not running:
+                # Alone in the cache and still out of blocks: it can never continue.
+                self._finish(seq, "kv_capacity", self.clock(), self._finished_outside_step)
+                return False
+            self._preempt(victim)
+            step.preempted.append(victim.seq_id)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _admit_waiting(self, step: _StepBuilder, chunk_first_only: bool) -> None:
+        """Admit waiting requests in FIFO order while budget, sequence slots and blocks last.
+
+        With `chunk_first_only` (nano-vllm) only the first prefill of the step may be cut to the
+        budget; otherwise (vLLM v1) the last admitted prefill takes whatever budget is left.
+        """
+        bm, waiting, bs = self.block_manager, self.waiting, self.block_manager.block_size
+        max_num_seqs = self.config.max_num_seqs
+        while waiting and step.budget > 0 and len(self.running) < max_num_seqs:
+            seq = waiting[0]
+            hits = bm.lookup_prefix(seq)
+            num_cached = len(hits) * bs
+            n = seq.num_tokens - num_cached
+            if n > step.budget:
+                if chunk_first_only and step.seqs:
+                    break
+                n = step.budget
+            if not bm.allocate_slots(seq, num_cached + n, hits):
+                break
+            waiting.popleft()
+            bm.record_prefix_query(seq.num_tokens, num_cached)
+            seq.num_computed_tokens = num_cached
+            seq.num_cached_tokens += num_cached
+            seq.status = RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = self.clock()
+            self.running.append(seq)
+            step.add(seq, n, num_cached)
+
+    def waiting_blocked(self) -> bool:
+        """True when no waiting request can be admitted until a running one finishes or is preempted
+        (decode steps only shrink the free blocks, so this stays true while they run)."""
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return True
+        budget = self.config.max_num_batched_tokens - self.policy.decode_tokens_before_admission(self)
+        if budget <= 0:
+            return True
+        bm, seq = self.block_manager, self.waiting[0]
+        hits = bm.lookup_prefix(seq)
+        num_cached = len(hits) * bm.block_size
+        n = min(seq.num_tokens - num_cached, budget)
+        return bm.num_blocks_needed(seq, num_cached + n, hits) > bm.num_free_blocks
+
+    # ---- exact fast-forward over decode-only steps -----------------------------------------------
+    def fast_forward(
+        self,
+        decode_times: DecodeTimes,
+        start: float,
+        deadline: float,
+        token_id: int = 0,
+        max_steps: int = 1 << 30,
+    ) -> tuple[int, float]:
+        """Run, in one call, the decode-only steps that stepping one by one would run next, while no
+        request finishes, arrives (steps start before `deadline`), is admitted or is preempted.
+
+        `decode_times(num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline)` gives
+        the step end times as `accumulate_decode_times` defines them (a stepwise run adds each step's
+        time to its clock in the same order), so timestamps, block ids, evictions, hashes and ITL
+        are identical to stepping. Every sequence gets `token_id` at each step.
+        Returns (steps run, end time).
+        """
+        running = self.running
+        if not running or self._finished_outside_step or not self.waiting_blocked():
+            return 0, start
+        k_max = self._decode_run_limit(max_steps)
+        if k_max <= 0:
+            return 0, start
+        context = sum(s.num_computed_tokens for s in running)
+        max_len = max(s.num_computed_tokens for s in running) + 1
+        times = decode_times(len(running), context, max_len, k_max, start, deadline)
+        k, events = self._block_events(len(times) - 1)
+        if k <= 0:
+            return 0, start
+        end = float(times[k])
+        self._apply_fast_forward(times[: k + 1], end, events, token_id)
+        return k, end
+
+    def _decode_run_limit(self, max_steps: int) -> int:
+        """Decode steps that can run before a request finishes; 0 unless every running request is a
+        plain decode (one pending token, a token already out, EOS ignored, cache registered)."""
+        bs = self.block_manager.block_size
+        caching = self.block_manager.enable_prefix_caching
+        max_model_len = self.config.max_model_len
+        k_max = max_steps
+        for seq in self.running:
+            c = seq.num_computed_tokens
+            n = len(seq.token_ids)
+            if n - c != 1 or not seq.ignore_eos or seq.last_token_time is None:
+                return 0
+            if caching and seq.num_cached_blocks != c // bs:
+                return 0
+            left = min(seq.max_tokens - n + seq.num_prompt_tokens, max_model_len - n) - 1
+            if left < k_max:
+                k_max = left
+        return k_max
+
+    def _block_events(self, k: int) -> tuple[int, list[tuple[int, int]]]:
+        """(steps possible before a preemption, sorted (step, running index) block events up to k)."""
+        bm = self.block_manager
+        bs, caching = bm.block_size, bm.enable_prefix_caching
+        events: list[tuple[int, int]] = []
+        allocs: list[int] = []
+        for idx, seq in enumerate(self.running):
+            c = seq.num_computed_tokens
+            alloc_steps = range(len(seq.block_table) * bs - c + 1, k + 1, bs)  # a token opens a block
+            allocs.extend(alloc_steps)
+            steps: Iterable[int] = alloc_steps
+            if caching:  # steps that fill a block, which is then registered
+                full_steps = range((seq.num_cached_blocks + 1) * bs - c, k + 1, bs)
+                # with blocks of one token a step both opens and fills one: count it once
+                steps = sorted(set(alloc_steps) | set(full_steps)) if bs == 1 else [*alloc_steps, *full_steps]
+            events.extend((j, idx) for j in steps)
+        free = bm.num_free_blocks
+        if len(allocs) > free:
+            allocs.sort()
+            k = allocs[free] - 1
+            events = [e for e in events if e[0] <= k]
+        events.sort()
+        return k, events
+
+    def _apply_fast_forward(self, times: Seq[float], end: float, events: list[tuple[int, int]], token_id: int) -> None:
+        k = len(times) - 1
+        running, bm = self.running, self.block_manager
+        start_computed = [s.num_computed_tokens for s in running]
+        new_tokens = [token_id] * k
+        for seq in running:
+            seq.token_ids.extend(new_tokens)
+        for j, idx in events:
+            bm.allocate_slots(running[idx], start_computed[idx] + j)
+        if self.record_itl:
+            itl, t1 = self.itl_counts, float(times[1])
+            for seq in running:
+                gap = t1 - seq.last_token_time
+                itl[gap] = itl.get(gap, 0) + 1
+            if k > 1:
+                self.itl_runs.append((times[1:], len(running)))
+        for seq in running:
+            seq.num_computed_tokens += k
+            seq.last_token_time = end
+
+
+DecodeTimes = Callable[[int, int, int, int, float, float], Seq[float]]
+
+
+def accumulate_decode_times(
+    decode_step_time: Callable[[int, int, int], float],
+    num_seqs: int,
+    num_context_tokens: int,
+    max_seq_len: int,
+    max_steps: int,
+    start: float,
+    deadline: float,
+) -> list[float]:
+    """End times of up to `max_steps` consecutive decode steps of `num_seqs` sequences, each step
+    starting before `deadline`: times[0] = start, times[j] = times[j-1] + step j's time, where step j
+    reads num_context_tokens + (j-1) * num_seqs cached tokens. The reference for `DecodeTimes`."""
+    times = [start]
+    t = start
+    while len(times) <= max_steps and t < deadline:
+        t = t + decode_step_time(num_seqs, num_context_tokens, max_seq_len)
+        times.append(t)
+        num_context_tokens += num_seqs
+        max_seq_len += 1
+    return times
+
+
+class Policy:
+    """Fills one step. Subclasses differ only in how they order and mix prefills and decodes."""
+
+    def schedule(self, sched: Scheduler) -> _StepBuilder:
+        raise NotImplementedError
+
+    def decode_tokens_before_admission(self, sched: Scheduler) -> int:
+        """Budget that running decodes take before waiting requests are considered."""
+        raise NotImplementedError
+
+
+class ChunkedPolicy(Policy):
+    """vLLM v1: running requests first (decodes and unfinished prefill chunks), then waiting
+    prefills chunked into the remaining token budget, mixed in one step."""
+
+    def schedule(self, sched: Scheduler) -> _StepBuilder:
+        step = _StepBuilder(sched.config.max_num_batched_tokens)
+        sched._schedule_running(step)
+        if not step.preempted:
+            sched._admit_waiting(step, chunk_first_only=False)
+        return step
+
+    def decode_tokens_before_admission(self, sched: Scheduler) -> int:
+        return len(sched.running)
+
+
+class PrefillFirstPolicy(Policy):
+    """nano-vllm: a step is all prefill (unfinished chunk first, then waiting requests; only the
+    first may be chunked) or, when there is no prefill to run, all decode."""
+
+    def schedule(self, sched: Scheduler) -> _StepBuilder:
+        step = _StepBuilder(sched.config.max_num_batched_tokens)
+        for seq in sched.running:
+            pending = seq.num_tokens - seq.num_computed_tokens
+            if pending > 1:  # an unfinished prefill chunk: at most one exists, it goes first
+                n = min(pending, step.budget)
+                if sched._allocate_or_preempt(seq, seq.num_computed_tokens + n, step):
+                    step.add(seq, n)
+                break
+        sched._admit_waiting(step, chunk_first_only=True)
+        if not step.seqs:
+            sched._schedule_running(step)
+        return step
+
+    def decode_tokens_before_admission(self, sched: Scheduler) -> int:
+        return 0
+
+
+POLICY_CLASSES: dict[str, type[Policy]] = {"chunked": ChunkedPolicy, "prefill_first": PrefillFirstPolicy}

@@ -1,0 +1,149 @@
+"""The `kvplan` command line: argument wiring only; every command is a thin call into a library.
+
+`kvplan simulate` with no arguments replays a shipped trace on the shipped default profile.
+Subcommands of other packages register themselves through their own `register(subparsers)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+DEFAULT_TRACE = "azure_conv_2023"
+DEFAULT_MODEL = "qwen3-0.6b"
+DEFAULT_GPU = "H200"
+
+# Packages whose `cli.register(subparsers)` adds commands; a missing one (not built, or an extra
+# not installed) simply adds none.
+_PLUGINS = ("traces.cli", "simulator.plan_cli", "engine.cli", "dashboard.cli")
+_OPTIONAL_DEPS = {"torch", "transformers", "safetensors", "streamlit", "plotly", "ray"}
+
+
+def default_profile(model: str, gpu: str, block_size: int, tp: int) -> Path | None:
+    """The shipped fitted profile for this model, GPU, block size and TP, if there is one."""
+    from simulator.run import SHIPPED_PROFILE_DIR
+
+    name = f"{model.lower()}_{gpu.lower()}_tp{tp}_bs{block_size}.json"
+    path = SHIPPED_PROFILE_DIR / name
+    return path if path.is_file() else None
+
+
+def add_sim_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that builds a SimConfig."""
+    p.add_argument("--model", default=DEFAULT_MODEL, help="shipped preset name or model folder")
+    p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU type from simulator/data/gpus.json")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree per replica")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="override KV blocks per replica")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--policy", default="chunked", choices=["chunked", "prefill_first"])
+    p.add_argument("--router", default="round_robin", choices=["round_robin", "least_outstanding", "prefix_aware"])
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--profile", default="auto", help="fitted profile JSON, 'auto' (shipped) or 'roofline'")
+
+
+def sim_config_from_args(args: argparse.Namespace):
+    from simulator.config import SimConfig
+    from simulator.models import resolve_model
+
+    return SimConfig(
+        model=resolve_model(args.model),
+        gpu=args.gpu,
+        tensor_parallel_size=args.tp,
+        num_replicas=args.replicas,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=not args.no_prefix_caching,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        policy=args.policy,
+        router=args.router,
+    )
+
+
+def resolve_profile(args: argparse.Namespace) -> Path | None:
+    if args.profile == "roofline":
+        return None
+    if args.profile == "auto":
+        return default_profile(args.model, args.gpu, args.block_size, args.tp)
+    path = Path(args.profile)
+    if not path.is_file():
+        raise ValueError(f"--profile: {path} does not exist")
+    return path
+
+
+def load_trace_arg(spec: str, rate_scale: float | None = None, limit: int | None = None):
+    """A shipped trace name or a trace file, optionally sped up and cut to its first `limit` rows."""
+    import traces
+
+    trace = traces.load_shipped(spec) if spec in traces.shipped_names() else traces.load(spec)
+    if limit is not None:
+        trace = trace.head(limit)
+    if rate_scale is not None:
+        trace = traces.scale_rate(trace, factor=rate_scale)
+    return trace
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from simulator.metrics import SLO
+    from simulator.report import format_summary
+    from simulator.run import run_simulation
+
+    config = sim_config_from_args(args)
+    profile = resolve_profile(args)
+    trace = load_trace_arg(args.trace, args.rate_scale, args.limit)
+    slo = SLO.parse(args.slo) if args.slo else None
+    result = run_simulation(trace, config, profile=profile, slo=slo, progress=not args.quiet)
+    print(format_summary(result.summary))
+    if args.out:
+        out = result.save(args.out)
+        print(f"\nwrote {out}/requests.parquet, timeline.parquet, summary.json")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvplan", description="Capacity planning for LLM serving.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sim = sub.add_parser("simulate", help="replay a trace through the simulator and print the metrics")
+    sim.add_argument("--trace", default=DEFAULT_TRACE, help="shipped trace name or a trace file")
+    sim.add_argument("--rate-scale", type=float, default=None, help="replay k times faster")
+    sim.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    sim.add_argument("--slo", default=None, help="e.g. ttft=2s,tpot=80ms (adds goodput)")
+    sim.add_argument("--out", default=None, help="folder for requests/timeline Parquet and summary JSON")
+    sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_sim_arguments(sim)
+    sim.set_defaults(func=cmd_simulate)
+    for module in _PLUGINS:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name == module or (e.name or "").split(".")[0] in _OPTIONAL_DEPS:
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"kvplan {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

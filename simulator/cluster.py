@@ -1,0 +1,61 @@
+"""Routers that spread arriving requests over a cluster's replicas.
+
+`round_robin`, `least_outstanding` (fewest prompt + output tokens of unfinished requests) and
+`prefix_aware` (longest prefix already cached on a replica, then least outstanding). They read replica
+state; they never schedule.
+"""
+
+from __future__ import annotations
+
+from engine.sequence import SamplingParams, Sequence
+
+
+class Router:
+    def __init__(self, replicas: list) -> None:
+        self.replicas = replicas
+
+    def choose(self, prompt: list[int]):
+        raise NotImplementedError
+
+
+class RoundRobinRouter(Router):
+    def __init__(self, replicas: list) -> None:
+        super().__init__(replicas)
+        self._next = 0
+
+    def choose(self, prompt: list[int]):
+        replica = self.replicas[self._next]
+        self._next = (self._next + 1) % len(self.replicas)
+        return replica
+
+
+class LeastOutstandingRouter(Router):
+    def choose(self, prompt: list[int]):
+        return min(self.replicas, key=lambda r: (r.outstanding_tokens, r.index))
+
+
+class PrefixAwareRouter(Router):
+    _PARAMS = SamplingParams(max_tokens=1)
+
+    def choose(self, prompt: list[int]):
+        probe = Sequence(-1, prompt, self._PARAMS)  # shares its hash memo across replicas
+
+        def score(r):
+            return (-len(r.block_manager.lookup_prefix(probe)), r.outstanding_tokens, r.index)
+
+        return min(self.replicas, key=score)
+
+
+ROUTER_CLASSES = {
+    "round_robin": RoundRobinRouter,
+    "least_outstanding": LeastOutstandingRouter,
+    "prefix_aware": PrefixAwareRouter,
+}
+
+
+def make_router(name: str, replicas: list) -> Router:
+    if name not in ROUTER_CLASSES:
+        raise ValueError(f"router: {name!r} is not one of {sorted(ROUTER_CLASSES)}")
+    if len(replicas) == 1:
+        return RoundRobinRouter(replicas)
+    return ROUTER_CLASSES[name](replicas)

@@ -1,0 +1,92 @@
+"""What one simulation runs: the serving configuration of a cluster of identical replicas.
+
+A frozen dataclass validated on construction; derived values (KV blocks per replica) are pure
+functions over the engine's own sizing code, so the simulator sizes caches exactly as the engine does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import (
+    CacheConfig,
+    ModelSpec,
+    SchedulerConfig,
+    activation_bytes_estimate,
+    check_tp,
+    kv_free_bytes,
+    num_kv_blocks,
+)
+
+ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A cluster of `num_replicas` engines, each `tensor_parallel_size` GPUs of type `gpu`."""
+
+    model: ModelSpec
+    gpu: str = "H200"
+    tensor_parallel_size: int = 1
+    num_replicas: int = 1
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # per replica; None = sized from GPU memory (or the profile)
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 16384
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    policy: str = "chunked"
+    router: str = "round_robin"
+    fast_forward: bool = True
+    timeline_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_tp(self.model, self.tensor_parallel_size)
+        if self.num_replicas <= 0:
+            raise ValueError(f"SimConfig.num_replicas: must be a positive integer, got {self.num_replicas}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"SimConfig.router: {self.router!r} is not one of {list(ROUTERS)}")
+        if self.timeline_interval_s < 0:
+            raise ValueError(f"SimConfig.timeline_interval_s: must be >= 0, got {self.timeline_interval_s}")
+        self.scheduler_config()  # validates the batch limits and the policy
+        self.cache_config()  # validates the block size, block count and memory share
+
+    @property
+    def resolved_max_model_len(self) -> int:
+        return self.max_model_len or self.model.max_position_embeddings
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_replicas * self.tensor_parallel_size
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.resolved_max_model_len,
+            policy=self.policy,
+        )
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            block_size=self.block_size,
+            num_blocks=self.num_kv_blocks,
+            enable_prefix_caching=self.enable_prefix_caching,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+        )
+
+
+def kv_blocks_per_replica(config: SimConfig, gpu_memory_bytes: int) -> int:
+    """KV blocks one replica holds: the explicit count, or what the engine's sizing gives."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    tp = config.tensor_parallel_size
+    activations = activation_bytes_estimate(config.model, config.max_num_batched_tokens, config.max_num_seqs, tp)
+    free = kv_free_bytes(gpu_memory_bytes, config.gpu_memory_utilization, config.model, tp, activations)
+    blocks = num_kv_blocks(config.model, free, config.block_size, tp)
+    if blocks <= 0:
+        raise ValueError(
+            f"{config.model.name} does not fit on {config.gpu} at tp={tp}: no memory is left for the KV cache"
+        )
+    return blocks

@@ -1,0 +1,146 @@
+"""Metrics of a simulated (or real) run: the per-request table, timelines and the summary.
+
+Pure functions over plain tables: a SimRun becomes DataFrames, and `summarize` works on any
+per-request frame with the same columns, so real replays are measured by the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency objectives in seconds; None means unconstrained."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> SLO:
+        """Parse `ttft=2s,tpot=80ms,e2e=30s` (also `ttft_p99=` spellings; units s or ms)."""
+        values: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            if "=" not in part:
+                raise ValueError(f"--slo: {part!r} is not NAME=VALUE (e.g. ttft=2s,tpot=80ms)")
+            name, value = (x.strip().lower() for x in part.split("=", 1))
+            key = name.split("_")[0]
+            if key not in ("ttft", "tpot", "e2e"):
+                raise ValueError(f"--slo: unknown objective {name!r}; use ttft, tpot or e2e")
+            values[f"{key}_s"] = _seconds(value, part)
+        return cls(**values)
+
+    def met(self, requests: pd.DataFrame) -> pd.Series:
+        ok = requests["finish_reason"].isin(["length", "stop"])
+        for col, limit in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s)):
+            if limit is not None:
+                ok &= requests[col].fillna(0.0) <= limit
+        return ok
+
+
+def _seconds(value: str, part: str) -> float:
+    try:
+        if value.endswith("ms"):
+            return float(value[:-2]) / 1000.0
+        return float(value.removesuffix("s"))
+    except ValueError:
+        raise ValueError(f"--slo: {part!r} has no number of seconds (e.g. 2s or 80ms)") from None
+
+
+def add_latencies(requests: pd.DataFrame) -> pd.DataFrame:
+    """Add ttft_s, e2e_s, tpot_s (mean time per output token after the first), queue_s."""
+    df = requests.copy()
+    df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
+    df["e2e_s"] = df["finish_s"] - df["arrival_s"]
+    df["queue_s"] = df["first_scheduled_s"] - df["arrival_s"]
+    decode_tokens = (df["num_output_tokens"] - 1).where(df["num_output_tokens"] > 1)
+    df["tpot_s"] = (df["finish_s"] - df["first_token_s"]) / decode_tokens
+    return df
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs=PERCENTILES) -> list[float]:
+    """Percentiles of a distribution given as (value, count) pairs (lower-value convention)."""
+    if len(values) == 0:
+        return [float("nan")] * len(qs)
+    order = np.argsort(values)
+    v, cw = values[order], np.cumsum(weights[order])
+    return [float(v[min(np.searchsorted(cw, q / 100.0 * cw[-1]), len(v) - 1)]) for q in qs]
+
+
+def itl_histogram(
+    counts: list[dict[float, int]], runs: list[tuple[object, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Merge inter-token gaps into (sorted distinct gaps, token counts).
+
+    `counts` are schedulers' stepwise {gap: count}; `runs` their fast-forwarded (end times, n):
+    consecutive end times differ by a gap that n tokens saw (the same subtraction stepping does).
+    """
+    values = [np.fromiter(c.keys(), float, len(c)) for c in counts]
+    weights = [np.fromiter(c.values(), float, len(c)) for c in counts]
+    for times, n in runs:
+        gaps = np.diff(np.asarray(times, dtype=float))
+        values.append(gaps)
+        weights.append(np.full(len(gaps), float(n)))
+    if not values:
+        return np.empty(0), np.empty(0)
+    v, w = np.concatenate(values), np.concatenate(weights)
+    uniq, inverse = np.unique(v, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=w)
+
+
+def _stats(series: pd.Series) -> dict[str, float]:
+    s = series.dropna().to_numpy(dtype=float)
+    if len(s) == 0:
+        return {"mean": float("nan"), **{f"p{q}": float("nan") for q in PERCENTILES}}
+    pct = np.percentile(s, PERCENTILES)
+    return {"mean": float(s.mean()), **{f"p{q}": float(p) for q, p in zip(PERCENTILES, pct)}}
+
+
+def summarize(
+    requests: pd.DataFrame,
+    itl: tuple[np.ndarray, np.ndarray] | None = None,
+    timeline: pd.DataFrame | None = None,
+    slo: SLO | None = None,
+) -> dict:
+    """Aggregate metrics of a per-request frame (columns as simulator.sim.REQUEST_FIELDS)."""
+    df = add_latencies(requests) if "ttft_s" not in requests else requests
+    done = df[df["finish_reason"].isin(["length", "stop", "max_model_len", "kv_capacity"])]
+    start = float(df["arrival_s"].min()) if len(df) else 0.0
+    end = float(done["finish_s"].max()) if len(done) else start
+    duration = max(end - start, 1e-12)
+    out_tokens = int(done["num_output_tokens"].sum())
+    summary: dict = {
+        "num_requests": len(df),
+        "num_finished": len(done),
+        "num_rejected": int(df["finish_reason"].astype(str).str.startswith("rejected").sum()),
+        "num_truncated": int(df["finish_reason"].isin(["max_model_len", "kv_capacity"]).sum()),
+        "duration_s": duration,
+        "throughput_rps": len(done) / duration,
+        "output_tok_s": out_tokens / duration,
+        "total_tok_s": (out_tokens + int(done["prompt_len"].sum())) / duration,
+        "num_preemptions": int(df["num_preemptions"].sum()),
+        "prefix_hit_tokens": int(done["num_cached_tokens"].sum()),
+    }
+    for name in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
+        for stat, value in _stats(done[name]).items():
+            summary[f"{name[:-2]}_{stat}_s"] = value
+    if itl is not None and len(itl[0]):
+        v, w = itl
+        summary["itl_mean_s"] = float((v * w).sum() / w.sum())
+        for q, p in zip(PERCENTILES, weighted_percentiles(v, w)):
+            summary[f"itl_p{q}_s"] = p
+    if timeline is not None and len(timeline):
+        summary["kv_usage_mean"] = float(timeline["kv_usage"].mean())
+        summary["kv_usage_max"] = float(timeline["kv_usage"].max())
+        summary["queue_len_max"] = int(timeline["num_waiting"].max())
+    if slo is not None:
+        met = slo.met(df)
+        summary["slo_attainment"] = float(met.mean()) if len(df) else float("nan")
+        summary["goodput_rps"] = int(met.sum()) / duration
+    return summary

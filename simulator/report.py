@@ -1,0 +1,47 @@
+"""Plain-text tables of simulation summaries for the terminal.
+
+Formatting only: numbers come from `simulator.metrics.summarize`.
+"""
+
+from __future__ import annotations
+
+import math
+
+_LATENCY_ROWS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E", "e2e"), ("queue", "queue"))
+
+
+def _ms(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value * 1000:,.1f}"
+
+
+def format_summary(s: dict) -> str:
+    cfg = s.get("config", {})
+    lines = [
+        f"trace {s.get('trace') or '?'}: {s['num_requests']:,} requests, {s['duration_s']:,.1f} s simulated "
+        f"in {s.get('sim_wall_s', float('nan')):.2f} s wall ({s.get('sim_speedup', float('nan')):,.0f}x real time)",
+        f"config: {cfg.get('model')} on {cfg.get('num_replicas')} x {cfg.get('gpu')} (tp={cfg.get('tensor_parallel_size')}), "
+        f"block {cfg.get('block_size')}, {s.get('num_kv_blocks_per_replica', '?'):,} KV blocks/replica, "
+        f"max_num_seqs {cfg.get('max_num_seqs')}, max_num_batched_tokens {cfg.get('max_num_batched_tokens')}, "
+        f"{cfg.get('policy')}, router {cfg.get('router')}, latency {s.get('latency_model')}",
+        "",
+        f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    for label, key in _LATENCY_ROWS:
+        if f"{key}_mean_s" in s:
+            row = [s.get(f"{key}_{stat}_s") for stat in ("mean", "p50", "p90", "p99")]
+            lines.append(f"{label:<14}" + "".join(f"{_ms(v):>10}" for v in row))
+    lines += [
+        "",
+        f"throughput       {s['throughput_rps']:,.2f} req/s, {s['output_tok_s']:,.0f} output tok/s",
+        f"finished         {s['num_finished']:,} (rejected {s['num_rejected']:,}, truncated {s['num_truncated']:,})",
+        f"preemptions      {s['num_preemptions']:,}",
+        f"prefix hit rate  {s.get('prefix_hit_rate', 0.0):.1%}",
+    ]
+    if "kv_usage_max" in s:
+        lines.append(f"KV usage         mean {s['kv_usage_mean']:.1%}, max {s['kv_usage_max']:.1%}")
+        lines.append(f"queue length     max {s['queue_len_max']:,}")
+    if "goodput_rps" in s:
+        lines.append(f"SLO attainment   {s['slo_attainment']:.1%} (goodput {s['goodput_rps']:,.2f} req/s)")
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""One simulation from a trace and a configuration to tables, a summary and files on disk.
+
+`run_simulation` picks the latency model (a fitted profile, else the roofline), sizes the KV cache
+with the engine's pure functions, runs `simulator.sim.simulate`, and returns a `SimResult`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.config import SimConfig, kv_blocks_per_replica
+from simulator.latency.base import LatencyModel
+from simulator.latency.gpus import get_gpu
+from simulator.metrics import SLO, add_latencies, itl_histogram, summarize
+from simulator.sim import REQUEST_FIELDS, TIMELINE_FIELDS, SimRun, simulate
+
+SHIPPED_PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    requests: pd.DataFrame
+    timeline: pd.DataFrame
+    summary: dict
+    itl: tuple  # (sorted distinct inter-token gaps, token counts)
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write requests.parquet, timeline.parquet and summary.json under `out_dir`."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.requests.to_parquet(out / "requests.parquet", index=False)
+        self.timeline.to_parquet(out / "timeline.parquet", index=False)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=str) + "\n")
+        return out
+
+
+def config_dict(config: SimConfig) -> dict:
+    d = asdict(config)
+    d["model"] = config.model.name
+    return d
+
+
+def collect(run: SimRun, slo: SLO | None = None) -> SimResult:
+    """Turn a raw SimRun into per-request and timeline tables and the summary."""
+    records = [r for replica in run.replicas for r in replica.records]
+    requests = pd.DataFrame.from_records(records, columns=list(REQUEST_FIELDS))
+    requests = add_latencies(requests.sort_values("request_id", kind="stable").reset_index(drop=True))
+    timeline = pd.DataFrame.from_records(
+        [row for replica in run.replicas for row in replica.timeline], columns=list(TIMELINE_FIELDS)
+    )
+    scheds = [r.scheduler for r in run.replicas]
+    itl = itl_histogram([s.itl_counts for s in scheds], [run for s in scheds for run in s.itl_runs])
+    summary = summarize(requests, itl, timeline, slo)
+    queried = sum(r.block_manager.num_prefix_queried_tokens for r in run.replicas)
+    hits = sum(r.block_manager.num_prefix_hit_tokens for r in run.replicas)
+    steps = sum(r.counters.num_steps for r in run.replicas)
+    ff_steps = sum(r.counters.num_fast_forward_steps for r in run.replicas)
+    busy = sum(r.counters.busy_s for r in run.replicas)
+    summary.update(
+        prefix_hit_rate=hits / queried if queried else 0.0,
+        gpu_busy_fraction=busy / (summary["duration_s"] * len(run.replicas)),
+        num_kv_blocks_per_replica=run.num_kv_blocks,
+        num_gpus=run.config.num_gpus,
+        sim_steps=steps + ff_steps,
+        sim_fast_forwarded_steps=ff_steps,
+        sim_wall_s=run.wall_s,
+        sim_speedup=summary["duration_s"] / run.wall_s if run.wall_s else float("inf"),
+        trace=run.trace_name,
+        config=config_dict(run.config),
+        **run.extra,
+    )
+    return SimResult(run.config, requests, timeline, summary, itl)
+
+
+def run_simulation(
+    trace,
+    config: SimConfig,
+    profile: str | Path | None = None,
+    latency: LatencyModel | None = None,
+    slo: SLO | None = None,
+    progress: bool = False,
+) -> SimResult:
+    """Simulate `trace` on `config`: latency from `latency`, else `profile` (fitted), else roofline."""
+    gpu = get_gpu(config.gpu)
+    prof = None
+    if latency is None:
+        from simulator.latency.profile import load_latency_model
+
+        latency, prof = load_latency_model(
+            profile, config.model, gpu, config.tensor_parallel_size, config.block_size
+        )
+    num_blocks = config.num_kv_blocks
+    if num_blocks is None and prof is not None and prof.num_kv_blocks and prof.block_size == config.block_size:
+        num_blocks = prof.num_kv_blocks
+    if num_blocks is None:
+        num_blocks = kv_blocks_per_replica(config, gpu.memory_bytes)
+    run = simulate(trace, config, latency, num_blocks, progress=progress)
+    run.extra["latency_model"] = type(latency).__name__
+    run.extra["profile"] = str(profile) if profile else None
+    return collect(run, slo)
