@@ -122,3 +122,43 @@ class Sequence:
             f"Sequence(id={self.seq_id}, {self.status.value}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, blocks={self.block_table})"
         )
+
+
+# One row per finished (or rejected) request, shared by the simulator and the real-engine replay so
+# that both are measured by the same metrics code.
+REQUEST_FIELDS = (
+    "request_id",
+    "replica",
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_len",
+    "output_len",
+    "num_output_tokens",
+    "num_preemptions",
+    "num_cached_tokens",
+    "finish_reason",
+)
+
+
+def request_record(seq: Sequence, request_id: int, output_len: int, replica: int = 0, t0: float = 0.0) -> tuple:
+    """The REQUEST_FIELDS row of `seq`, its times in seconds after `t0`."""
+
+    def rel(t: float | None) -> float | None:
+        return None if t is None else t - t0
+
+    return (
+        request_id,
+        replica,
+        rel(seq.arrival_time),
+        rel(seq.first_scheduled_time),
+        rel(seq.first_token_time),
+        rel(seq.finish_time),
+        seq.num_prompt_tokens,
+        output_len,
+        seq.num_output_tokens,
+        seq.num_preemptions,
+        seq.num_cached_tokens,
+        seq.finish_reason,
+    )

@@ -86,7 +86,9 @@ def load_trace_arg(spec: str, rate_scale: float | None = None, limit: int | None
 
     trace = traces.load_shipped(spec) if spec in traces.shipped_names() else traces.load(spec)
     if limit is not None:
-        trace = trace.head(limit)
+        if limit <= 0:
+            raise ValueError(f"--limit: must be a positive number of requests, got {limit}")
+        trace = trace.with_frame(trace.df.iloc[:limit].reset_index(drop=True))
     if rate_scale is not None:
         trace = traces.scale_rate(trace, factor=rate_scale)
     return trace

@@ -15,6 +15,7 @@ import pandas as pd
 from simulator.config import SimConfig, kv_blocks_per_replica
 from simulator.latency.base import LatencyModel
 from simulator.latency.gpus import get_gpu
+from simulator.latency.profile import load_latency_model
 from simulator.metrics import SLO, add_latencies, itl_histogram, summarize
 from simulator.sim import REQUEST_FIELDS, TIMELINE_FIELDS, SimRun, simulate
 
@@ -87,13 +88,9 @@ def run_simulation(
 ) -> SimResult:
     """Simulate `trace` on `config`: latency from `latency`, else `profile` (fitted), else roofline."""
     gpu = get_gpu(config.gpu)
-    prof = None
     if latency is None:
-        from simulator.latency.profile import load_latency_model
-
-        latency, prof = load_latency_model(
-            profile, config.model, gpu, config.tensor_parallel_size, config.block_size
-        )
+        latency = load_latency_model(profile, config.model, gpu, config.tensor_parallel_size, config.block_size)
+    prof = getattr(latency, "profile", None)
     num_blocks = config.num_kv_blocks
     if num_blocks is None and prof is not None and prof.num_kv_blocks and prof.block_size == config.block_size:
         num_blocks = prof.num_kv_blocks

@@ -17,28 +17,13 @@ import simpy
 
 from engine.block_manager import BlockManager
 from engine.scheduler import Scheduler, accumulate_decode_times
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.sequence import REQUEST_FIELDS, SamplingParams, Sequence, SequenceStatus, request_record
 from simulator.cluster import make_router
 from simulator.config import SimConfig
 from simulator.latency.base import LatencyModel
 
 SIM_TOKEN_ID = 0  # the token every simulated decode "samples"; prompts carry the trace's tokens
 
-# Per-request record fields, in the order `Replica.records` holds them.
-REQUEST_FIELDS = (
-    "request_id",
-    "replica",
-    "arrival_s",
-    "first_scheduled_s",
-    "first_token_s",
-    "finish_s",
-    "prompt_len",
-    "output_len",
-    "num_output_tokens",
-    "num_preemptions",
-    "num_cached_tokens",
-    "finish_reason",
-)
 TIMELINE_FIELDS = ("time_s", "replica", "kv_usage", "num_running", "num_waiting")
 
 
@@ -137,22 +122,7 @@ class Replica:
 
     def _record(self, seq: Sequence) -> None:
         request_id, output_len = seq.user_data
-        self.records.append(
-            (
-                request_id,
-                self.index,
-                seq.arrival_time,
-                seq.first_scheduled_time,
-                seq.first_token_time,
-                seq.finish_time,
-                seq.num_prompt_tokens,
-                output_len,
-                seq.num_output_tokens,
-                seq.num_preemptions,
-                seq.num_cached_tokens,
-                seq.finish_reason,
-            )
-        )
+        self.records.append(request_record(seq, request_id, output_len, self.index))
         seq.token_ids = []  # finished: drop what a million-request run cannot afford to keep
         seq.block_hashes = []
 

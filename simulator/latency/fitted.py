@@ -1,0 +1,432 @@
+"""Fitted latency model: linear in roofline-shaped features, fit by non-negative least squares.
+
+`fit_step_records` trains a `FittedModel` on the engine's step records (CONTRACT.md columns), one
+fit for decode steps and one for prefill/mixed steps, and reports its error on held-back steps.
+Numpy only (no scipy). Saving and loading fits is `profile.py`'s job, not this module's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.latency.base import BatchShape, LatencyModelBase, StepTime
+
+DECODE_FEATURES = ("const", "batch_size", "num_context_tokens", "max_seq_len")
+PREFILL_FEATURES = (
+    "const",
+    "total_num_scheduled_tokens",
+    "prefill_attn_work",
+    "num_context_tokens",
+    "num_seqs",
+    "num_decode_seqs",
+)
+# Which StepTime part each feature's contribution is reported under (communication is folded in).
+DECODE_PARTS = ("overhead", "linear", "attention", "attention")
+PREFILL_PARTS = ("overhead", "linear", "attention", "attention", "overhead", "overhead")
+
+RECORD_COLUMNS = (
+    "step",
+    "kind",
+    "num_seqs",
+    "num_prefill_seqs",
+    "num_decode_seqs",
+    "total_num_scheduled_tokens",
+    "num_prefill_tokens",
+    "total_num_cached_tokens",
+    "num_context_tokens",
+    "max_seq_len",
+    "prefill_attn_work",
+    "num_kv_blocks_used",
+    "graph_batch_size",
+    "tp",
+    "block_size",
+    "gpu_time_s",
+    "wall_time_s",
+    "compiled",
+)
+_REQUIRED = (
+    "kind",
+    "num_seqs",
+    "num_decode_seqs",
+    "total_num_scheduled_tokens",
+    "num_context_tokens",
+    "max_seq_len",
+    "prefill_attn_work",
+)
+TARGETS = ("auto", "gpu_time_s", "wall_time_s")
+
+
+# ---- CUDA-graph padding ---------------------------------------------------------------------------
+def decode_graph_batch_sizes(max_num_seqs: int, max_capture: int | None = None) -> tuple[int, ...]:
+    """Batch sizes the engine captures decode CUDA graphs at, as nano-vllm does: 1, 2, 4, 8, then
+    multiples of 16, up to m = max_num_seqs (or min(max_num_seqs, max_capture); nano-vllm itself
+    caps at 512, kvplan's engine does not). Sizes above m are left out. The engine's model runner
+    keeps an identical list (`engine.model_runner.graph_batch_sizes`)."""
+    if max_num_seqs <= 0:
+        raise ValueError(f"max_num_seqs: must be a positive integer, got {max_num_seqs}")
+    m = max_num_seqs if max_capture is None else min(max_num_seqs, max_capture)
+    return (*(b for b in (1, 2, 4, 8) if b <= m), *range(16, m + 1, 16))
+
+
+def max_graph_batch_size(max_num_seqs: int, max_capture: int | None = None) -> int:
+    """Largest captured decode graph batch size (the last of `decode_graph_batch_sizes`)."""
+    return decode_graph_batch_sizes(max_num_seqs, max_capture)[-1]
+
+
+def graph_padded_batch_size(num_seqs: int, max_graph_batch_size: int) -> int:
+    """Batch size a decode step of `num_seqs` runs at: the smallest captured graph size that holds
+    it, or `num_seqs` itself (eager) above the largest graph or when graphs are off (max = 0).
+
+    With max_graph_batch_size = decode_graph_batch_sizes(...)[-1], this equals the smallest size of
+    that list >= num_seqs where there is one.
+    """
+    if num_seqs > max_graph_batch_size or num_seqs <= 0:
+        return num_seqs
+    if num_seqs <= 8:
+        return 1 if num_seqs <= 1 else 2 if num_seqs <= 2 else 4 if num_seqs <= 4 else 8
+    return (num_seqs + 15) // 16 * 16
+
+
+# ---- non-negative least squares (Lawson-Hanson) -------------------------------------------------
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """argmin ||a x - b||_2 subject to x >= 0, by the Lawson-Hanson active-set method."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    m, n = a.shape
+    max_iter = max_iter or 30 * max(n, 1)
+    tol = 10 * np.finfo(np.float64).eps * max(m, n) * max(np.abs(a).sum(axis=0).max(initial=0.0), 1.0)
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    it = 0
+    while not passive.all() and (w[~passive] > tol).any() and it < max_iter:
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while it < max_iter:
+            it += 1
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                break
+            neg = passive & (z <= 0)
+            step = x[neg] - z[neg]
+            alpha = float(np.min(np.where(step > 0, x[neg] / np.where(step > 0, step, 1.0), 0.0)))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+            if not passive.any():
+                z = x
+                break
+        x = z
+        w = a.T @ (b - a @ x)
+    return x
+
+
+# ---- fit results --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FitError:
+    """Relative error |predicted - measured| / measured of a fit on its held-back records
+    (on its training records when n_test is 0)."""
+
+    n_train: int
+    n_test: int
+    median_rel_error: float
+    p90_rel_error: float
+    max_rel_error: float
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """time_s = sum(coefficients[i] * feature[i]) for one kind of step."""
+
+    features: tuple[str, ...]
+    coefficients: tuple[float, ...]
+    error: FitError | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.features) != len(self.coefficients):
+            raise ValueError(
+                f"LinearFit: {len(self.features)} features but {len(self.coefficients)} coefficients"
+            )
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(zip(self.features, self.coefficients))
+
+
+@dataclass(frozen=True)
+class FitSummary:
+    """What a fit was trained on."""
+
+    target: str  # the measured column fitted: "gpu_time_s" or "wall_time_s"
+    num_records: int  # rows given
+    num_used: int  # rows fitted or held back (not compiled, not empty)
+    num_compiled_dropped: int
+    num_empty_dropped: int
+    tp: int | None  # the records' single tp value, when the column exists
+    block_size: int | None
+    seed: int
+    holdout_fraction: float
+
+
+class FittedModel(LatencyModelBase):
+    """Linear step-time model fitted on step records: decode and prefill/mixed fits.
+
+    decode:  c0 + c1 * padded batch size + c2 * num_context_tokens + c3 * max_seq_len
+    prefill/mixed: c0 + c1 * new tokens + c2 * prefill_attn_work + c3 * num_context_tokens
+                   + c4 * num_seqs + c5 * num_decode_seqs
+    The padded batch size is the CUDA-graph size a decode step runs at (`graph_padded_batch_size`
+    with `max_graph_batch_size`; 0 = graphs off, padded size = num_seqs).
+    """
+
+    def __init__(
+        self,
+        decode: LinearFit,
+        prefill: LinearFit,
+        max_graph_batch_size: int = 0,
+        summary: FitSummary | None = None,
+        profile: Any = None,
+    ) -> None:
+        if tuple(decode.features) != DECODE_FEATURES:
+            raise ValueError(
+                f"decode fit features {list(decode.features)} != expected {list(DECODE_FEATURES)}"
+            )
+        if tuple(prefill.features) != PREFILL_FEATURES:
+            raise ValueError(
+                f"prefill fit features {list(prefill.features)} != expected {list(PREFILL_FEATURES)}"
+            )
+        if max_graph_batch_size < 0:
+            raise ValueError(f"max_graph_batch_size: must be >= 0, got {max_graph_batch_size}")
+        self.decode = decode
+        self.prefill = prefill
+        self.max_graph_batch_size = max_graph_batch_size
+        self.summary = summary
+        self.profile = profile  # the LatencyProfile this model was loaded from, if any
+        self._gmax = max_graph_batch_size
+        self._d0, self._d1, self._d2, self._d3 = (float(c) for c in decode.coefficients)
+        self._p = tuple(float(c) for c in prefill.coefficients)
+
+    def __repr__(self) -> str:
+        return f"FittedModel(decode={self.decode.as_dict()}, prefill={self.prefill.as_dict()})"
+
+    def decode_step_time(self, num_seqs: int, num_context_tokens: int, max_seq_len: int) -> float:
+        b = num_seqs
+        if 0 < b <= self._gmax:  # inline graph_padded_batch_size: this is the fast-forward hot path
+            if b <= 8:
+                b = 1 if b <= 1 else 2 if b <= 2 else 4 if b <= 4 else 8
+            else:
+                b = (b + 15) // 16 * 16
+        return self._d0 + self._d1 * b + self._d2 * num_context_tokens + self._d3 * max_seq_len
+
+    def _decode_step_array(
+        self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
+    ) -> np.ndarray:
+        b = graph_padded_batch_size(num_seqs, self._gmax)
+        return self._d0 + self._d1 * b + self._d2 * num_context_tokens + self._d3 * max_seq_len
+
+    def _decode_parts(
+        self, num_seqs: int, num_context_tokens: int, max_seq_len: int
+    ) -> tuple[float, float, float, float]:
+        b = graph_padded_batch_size(num_seqs, self._gmax)
+        return (self._d1 * b, self._d2 * num_context_tokens + self._d3 * max_seq_len, 0.0, self._d0)
+
+    def _predict_prefill(self, batch: BatchShape) -> StepTime:
+        p = self._p
+        linear = p[1] * batch.total_num_scheduled_tokens
+        attention = p[2] * batch.prefill_attn_work + p[3] * batch.num_context_tokens
+        overhead = p[0] + p[4] * batch.num_seqs + p[5] * batch.num_decode_seqs
+        return StepTime(linear, attention, 0.0, overhead, linear + attention + overhead)
+
+
+# ---- fitting ------------------------------------------------------------------------------------
+def _row_names(frame: pd.DataFrame, mask: np.ndarray, limit: int = 5) -> str:
+    labels = frame["step"][mask] if "step" in frame.columns else frame.index[mask]
+    shown = [str(v) for v in list(labels)[:limit]]
+    more = int(mask.sum()) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def _single_value(frame: pd.DataFrame, column: str) -> int | None:
+    if column not in frame.columns:
+        return None
+    values = pd.unique(frame[column].dropna())
+    if len(values) > 1:
+        raise ValueError(
+            f"step records: column {column!r} has several values {sorted(values)}; fit one config at a time"
+        )
+    return int(values[0]) if len(values) else None
+
+
+def _choose_target(frame: pd.DataFrame, target: str) -> str:
+    if target not in TARGETS:
+        raise ValueError(f"target: {target!r} is not one of {list(TARGETS)}")
+    candidates = ("gpu_time_s", "wall_time_s") if target == "auto" else (target,)
+    for column in candidates:
+        if column in frame.columns:
+            y = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64)
+            bad = ~(np.isfinite(y) & (y > 0))
+            if not bad.any():
+                return column
+            if target != "auto" or column == candidates[-1]:
+                raise ValueError(
+                    f"step records: {column} must be a positive finite time; bad at step(s) {_row_names(frame, bad)}"
+                )
+    raise ValueError(f"step records: no target column; need one of {list(candidates)}")
+
+
+def decode_features(frame: pd.DataFrame, max_graph_batch_size: int) -> np.ndarray:
+    """Design matrix of decode records (columns as DECODE_FEATURES)."""
+    n = frame["num_seqs"].to_numpy(dtype=np.int64)
+    padded = np.array([graph_padded_batch_size(int(v), max_graph_batch_size) for v in n], dtype=np.float64)
+    return np.column_stack(
+        [
+            np.ones(len(frame)),
+            padded,
+            frame["num_context_tokens"].to_numpy(dtype=np.float64),
+            frame["max_seq_len"].to_numpy(dtype=np.float64),
+        ]
+    )
+
+
+def prefill_features(frame: pd.DataFrame) -> np.ndarray:
+    """Design matrix of prefill/mixed records (columns as PREFILL_FEATURES)."""
+    return np.column_stack(
+        [np.ones(len(frame))] + [frame[c].to_numpy(dtype=np.float64) for c in PREFILL_FEATURES[1:]]
+    )
+
+
+def _infer_max_graph(decode: pd.DataFrame, max_num_seqs: int | None, given: int | None) -> int:
+    if given is not None:
+        return given
+    if "graph_batch_size" in decode.columns:
+        recorded = decode["graph_batch_size"].fillna(0).to_numpy(dtype=np.int64)
+        if not (recorded > 0).any():
+            return 0  # the engine ran decode eagerly
+        return max_graph_batch_size(max_num_seqs) if max_num_seqs is not None else int(recorded.max())
+    return max_graph_batch_size(max_num_seqs) if max_num_seqs is not None else 0
+
+
+def _check_graph_sizes(decode: pd.DataFrame, gmax: int) -> None:
+    if "graph_batch_size" not in decode.columns:
+        return
+    recorded = decode["graph_batch_size"].fillna(0).to_numpy(dtype=np.int64)
+    n = decode["num_seqs"].to_numpy(dtype=np.int64)
+    recorded = np.where(recorded > 0, recorded, n)
+    expected = np.array([graph_padded_batch_size(int(v), gmax) for v in n], dtype=np.int64)
+    bad = recorded != expected
+    if bad.any():
+        raise ValueError(
+            f"step records: graph_batch_size disagrees with decode_graph_batch_sizes (largest graph {gmax}) "
+            f"at step(s) {_row_names(decode, bad)}; pass max_graph_batch_size/max_num_seqs of the engine run"
+        )
+
+
+def _fit_kind(
+    x: np.ndarray, y: np.ndarray, features: tuple[str, ...], seed: int, holdout_fraction: float, kind: str
+) -> LinearFit:
+    n, k = x.shape
+    n_test = int(round(n * holdout_fraction))
+    if n - n_test < k:
+        raise ValueError(
+            f"step records: {n} usable {kind} steps; need at least {k} to fit plus the held-back "
+            f"{holdout_fraction:.0%} (got {n - n_test} for training)"
+        )
+    order = np.random.default_rng(seed).permutation(n)
+    test, train = order[:n_test], order[n_test:]
+    # Minimise relative error: weight each row by 1 / measured time; scale columns to unit norm.
+    a = x[train] / y[train, None]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    coef = nnls(a / scale, np.ones(len(train))) / scale
+    check = test if n_test else train
+    rel = np.abs(x[check] @ coef - y[check]) / y[check]
+    error = FitError(
+        n_train=len(train),
+        n_test=n_test,
+        median_rel_error=float(np.median(rel)),
+        p90_rel_error=float(np.quantile(rel, 0.9)),
+        max_rel_error=float(rel.max()),
+    )
+    return LinearFit(features, tuple(float(c) for c in coef), error)
+
+
+def fit_step_records(
+    records: pd.DataFrame,
+    *,
+    max_num_seqs: int | None = None,
+    max_graph_batch_size: int | None = None,
+    target: str = "auto",
+    holdout_fraction: float = 0.25,
+    seed: int = 0,
+) -> FittedModel:
+    """Fit a `FittedModel` on step records (a DataFrame with CONTRACT.md's step-record columns).
+
+    Drops `compiled` and `empty` steps; fits `target` ("auto": gpu_time_s, else wall_time_s) by
+    non-negative least squares on relative error; holds back `holdout_fraction` of each kind's
+    steps (a permutation seeded by `seed`) to measure the error. Decode batch sizes are padded to
+    CUDA-graph sizes up to `max_graph_batch_size` (default: from `max_num_seqs`, else the records'
+    largest `graph_batch_size`; 0 when the records show no graphs).
+    """
+    if not isinstance(records, pd.DataFrame):
+        raise TypeError(f"records: expected a pandas DataFrame, got {type(records).__name__}")
+    missing = [c for c in _REQUIRED if c not in records.columns]
+    if missing:
+        raise ValueError(
+            f"step records: missing column(s) {missing}; expected CONTRACT.md's {list(RECORD_COLUMNS)}"
+        )
+    if not 0 <= holdout_fraction < 1:
+        raise ValueError(f"holdout_fraction: must be in [0, 1), got {holdout_fraction}")
+    frame = records.reset_index(drop=True)
+    kinds = frame["kind"].astype(str)
+    unknown = ~kinds.isin(["prefill", "decode", "mixed", "empty"]).to_numpy()
+    if unknown.any():
+        raise ValueError(f"step records: unknown kind at step(s) {_row_names(frame, unknown)}")
+    compiled = (
+        frame["compiled"].fillna(False).astype(bool).to_numpy()
+        if "compiled" in frame
+        else np.zeros(len(frame), bool)
+    )
+    empty = (kinds == "empty").to_numpy()
+    keep = ~compiled & ~empty
+    used = frame[keep].reset_index(drop=True)
+    numeric = [c for c in _REQUIRED if c != "kind"]
+    bad = ~np.isfinite(used[numeric].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64)).all(
+        axis=1
+    )
+    if bad.any():
+        raise ValueError(f"step records: missing or non-numeric values at step(s) {_row_names(used, bad)}")
+    target_column = _choose_target(used, target)
+    tp = _single_value(used, "tp")
+    block_size = _single_value(used, "block_size")
+
+    is_decode = (used["kind"] == "decode").to_numpy()
+    dec, pre = used[is_decode], used[~is_decode]
+    if len(dec) == 0 or len(pre) == 0:
+        raise ValueError(
+            f"step records: need both decode and prefill/mixed steps to fit; got {len(dec)} decode and "
+            f"{len(pre)} prefill/mixed usable steps (of {len(frame)}, {int(compiled.sum())} compiled)"
+        )
+    gmax = _infer_max_graph(dec, max_num_seqs, max_graph_batch_size)
+    _check_graph_sizes(dec, gmax)
+    y = used[target_column].to_numpy(dtype=np.float64)
+    decode_fit = _fit_kind(
+        decode_features(dec, gmax), y[is_decode], DECODE_FEATURES, seed, holdout_fraction, "decode"
+    )
+    prefill_fit = _fit_kind(
+        prefill_features(pre), y[~is_decode], PREFILL_FEATURES, seed, holdout_fraction, "prefill/mixed"
+    )
+    summary = FitSummary(
+        target=target_column,
+        num_records=len(frame),
+        num_used=len(used),
+        num_compiled_dropped=int(compiled.sum()),
+        num_empty_dropped=int((empty & ~compiled).sum()),
+        tp=tp,
+        block_size=block_size,
+        seed=seed,
+        holdout_fraction=holdout_fraction,
+    )
+    return FittedModel(decode_fit, prefill_fit, gmax, summary)

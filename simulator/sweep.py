@@ -1,0 +1,626 @@
+"""Parameter sweeps: a YAML spec, its grid of simulation points, and their execution to Parquet.
+
+A point is one `SimConfig` over one trace; `simulate_point` turns it into one flat row (config
+columns, metrics, cost, wall time, error). `PointRunner` runs points inline, in a local process pool
+or as Ray tasks; `run_sweep` adds resume and atomic incremental writes. No search logic here (plan.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from simulator.cli import default_profile
+from simulator.config import ROUTERS, SimConfig
+from simulator.latency.base import LatencyModel
+from simulator.latency.gpus import canonical_gpu_name, get_gpu
+from simulator.metrics import SLO
+from simulator.plan import cost_per_hour, cost_per_million_tokens, describe_violations, parse_objectives, violations
+from simulator.run import run_simulation
+
+KEY_VERSION = 1
+PROFILE_CHOICES = ("auto", "roofline")
+# Error types that a re-run would give again (a bad configuration); other failures are retried on resume.
+DETERMINISTIC_ERRORS = frozenset({"ValueError", "TraceError", "FileNotFoundError"})
+# Summary entries that are not per-run metrics (the row has its own trace/profile columns).
+_SUMMARY_SKIP = frozenset({"config", "trace", "profile"})
+
+# Grid axes: spec name -> SimConfig field. Defaults are SimConfig's own.
+AXES: dict[str, str] = {
+    "gpu": "gpu",
+    "tp": "tensor_parallel_size",
+    "replicas": "num_replicas",
+    "block_size": "block_size",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "policy": "policy",
+    "prefix_caching": "enable_prefix_caching",
+    "router": "router",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "max_model_len": "max_model_len",
+    "num_kv_blocks": "num_kv_blocks",
+}
+_AXIS_TYPES: dict[str, tuple[type, ...]] = {
+    "gpu": (str,),
+    "tp": (int,),
+    "replicas": (int,),
+    "block_size": (int,),
+    "max_num_seqs": (int,),
+    "max_num_batched_tokens": (int,),
+    "policy": (str,),
+    "prefix_caching": (bool,),
+    "router": (str,),
+    "gpu_memory_utilization": (float, int),
+    "max_model_len": (int, type(None)),
+    "num_kv_blocks": (int, type(None)),
+}
+_SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
+AXIS_DEFAULTS: dict[str, Any] = {axis: _SIM_DEFAULTS[name] for axis, name in AXES.items()}
+
+SPEC_KEYS = ("trace", "model", "profile", "slo", "grid")
+TRACE_KEYS = ("source", "generate", "rate_scale", "limit", "window_s")
+
+
+def _unknown(where: str, given: Mapping[str, Any], allowed: Sequence[str]) -> None:
+    extra = [k for k in given if k not in allowed]
+    if extra:
+        raise ValueError(f"{where}: unknown key(s) {extra}; allowed: {list(allowed)}")
+
+
+# ---- the spec ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """Where a sweep's requests come from: a shipped trace or file (`source`) or a generator spec,
+    then a time window [start, end) in seconds, the first `limit` requests, and a rate scale."""
+
+    source: str | None = None
+    generate: Mapping[str, Any] | None = None
+    rate_scale: float | None = None
+    limit: int | None = None
+    window_s: tuple[float, float | None] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.source is None) == (self.generate is None):
+            raise ValueError("trace: give exactly one of 'source' (shipped name or file) and 'generate'")
+        if self.rate_scale is not None and not (_is_number(self.rate_scale) and self.rate_scale > 0):
+            raise ValueError(f"trace.rate_scale: must be a positive number, got {self.rate_scale!r}")
+        if self.limit is not None and not (_is_int(self.limit) and self.limit > 0):
+            raise ValueError(f"trace.limit: must be a positive number of requests, got {self.limit!r}")
+        if self.window_s is not None:
+            w = self.window_s
+            if len(w) != 2 or not _is_number(w[0]) or not (w[1] is None or _is_number(w[1])):
+                raise ValueError(f"trace.window_s: must be [start, end] in seconds (end may be null), got {w!r}")
+
+    @classmethod
+    def from_value(cls, value: Any, base_dir: Path | None = None) -> TraceSpec:
+        """A shipped name or path string, or a mapping with TRACE_KEYS."""
+        if isinstance(value, str):
+            value = {"source": value}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"trace: must be a shipped name, a file path or a mapping, got {value!r}")
+        _unknown("trace", value, TRACE_KEYS)
+        source = value.get("source")
+        if source is not None:
+            source = _resolve_source(str(source), base_dir)
+        generate = value.get("generate")
+        if generate is not None and not isinstance(generate, Mapping):
+            raise ValueError(f"trace.generate: must be a mapping of traces.generate keys, got {generate!r}")
+        window = value.get("window_s")
+        return cls(
+            source=source,
+            generate=dict(generate) if generate is not None else None,
+            rate_scale=value.get("rate_scale"),
+            limit=value.get("limit"),
+            window_s=tuple(window) if isinstance(window, (list, tuple)) else window,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["generate"] = dict(self.generate) if self.generate is not None else None
+        d["window_s"] = list(self.window_s) if self.window_s is not None else None
+        return {k: v for k, v in d.items() if v is not None}
+
+    @property
+    def label(self) -> str:
+        if self.source is not None:
+            return Path(self.source).stem if os.sep in self.source else self.source
+        return str((self.generate or {}).get("name", "synthetic"))
+
+    def load(self):
+        """The Trace: loaded or generated, windowed, cut to `limit` rows, rate-scaled."""
+        import traces
+
+        if self.generate is not None:
+            trace = traces.generate(dict(self.generate))
+        elif self.source in traces.shipped_names():
+            trace = traces.load_shipped(self.source)
+        else:
+            trace = traces.load(self.source)
+        if self.window_s is not None:
+            trace = traces.time_window(trace, float(self.window_s[0]), self.window_s[1])
+        if self.limit is not None:
+            trace = trace.with_frame(trace.df.iloc[: self.limit].reset_index(drop=True), validate=False)
+        if self.rate_scale is not None:
+            trace = traces.scale_rate(trace, factor=float(self.rate_scale))
+        if len(trace) == 0:
+            raise ValueError(f"trace {self.label}: no requests left after window/limit")
+        return trace
+
+
+def _resolve_source(source: str, base_dir: Path | None) -> str:
+    import traces
+
+    if source in traces.shipped_names():
+        return source
+    path = Path(source).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.exists():
+        raise FileNotFoundError(
+            f"trace.source: {source!r} is neither a shipped trace {traces.shipped_names()} nor a file ({path})"
+        )
+    return str(path)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A sweep: one trace, one model and latency profile, an optional SLO, and a grid of axes."""
+
+    trace: TraceSpec
+    model: str = "qwen3-0.6b"
+    profile: str = "auto"
+    slo: str | None = None
+    grid: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _unknown("grid", self.grid, list(AXES))
+        from simulator.models import resolve_model
+
+        resolve_model(self.model)  # a clear error now rather than one per point
+        if self.slo:
+            parse_objectives(self.slo)
+        for axis, values in self.grid.items():
+            if not values:
+                raise ValueError(f"grid.{axis}: needs at least one value")
+            for v in values:
+                _check_axis_value(axis, v)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], base_dir: Path | None = None) -> SweepSpec:
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"sweep spec: must be a mapping with keys {list(SPEC_KEYS)}")
+        _unknown("sweep spec", raw, SPEC_KEYS)
+        if "trace" not in raw:
+            raise ValueError("sweep spec: missing key 'trace'")
+        grid_raw = raw.get("grid") or {}
+        if not isinstance(grid_raw, Mapping):
+            raise ValueError(f"grid: must be a mapping of axis -> list of values; axes: {list(AXES)}")
+        _unknown("grid", grid_raw, list(AXES))
+        grid = {k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in grid_raw.items()}
+        profile = str(raw.get("profile", "auto"))
+        if profile not in PROFILE_CHOICES:
+            path = Path(profile).expanduser()
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            if not path.is_file():
+                raise FileNotFoundError(f"profile: {profile!r} is not 'auto', 'roofline' or a file ({path})")
+            profile = str(path)
+        slo = raw.get("slo")
+        return cls(
+            trace=TraceSpec.from_value(raw["trace"], base_dir),
+            model=str(raw.get("model", "qwen3-0.6b")),
+            profile=profile,
+            slo=str(slo) if slo else None,
+            grid=grid,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> SweepSpec:
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no sweep spec here")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML ({e})") from None
+        try:
+            return cls.from_dict(raw or {}, base_dir=path.resolve().parent)
+        except (ValueError, FileNotFoundError) as e:
+            raise type(e)(f"{path}: {e}") from None
+
+    def points(self) -> list[dict[str, Any]]:
+        """The grid in a fixed order (product of the axes in AXES order); every axis in every point."""
+        values = [self.grid.get(axis, (AXIS_DEFAULTS[axis],)) for axis in AXES]
+        return [dict(zip(AXES, combo)) for combo in itertools.product(*values)]
+
+    def context(self, latency: Callable[[SimConfig], LatencyModel] | None = None) -> RunContext:
+        return RunContext(self.trace.load(), self.model, self.profile, self.slo, self.trace.label, latency)
+
+    def point_key(self, point: Mapping[str, Any]) -> str:
+        return point_key(
+            {"trace": self.trace.as_dict(), "model": self.model, "profile": self.profile, "slo": self.slo}, point
+        )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_axis_value(axis: str, v: Any) -> None:
+    types = _AXIS_TYPES[axis]
+    ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+    if not ok:
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise ValueError(f"grid.{axis}: {v!r} is not a {names}")
+    if axis == "gpu":
+        get_gpu(v)
+    elif axis == "router" and v not in ROUTERS:
+        raise ValueError(f"grid.router: {v!r} is not one of {list(ROUTERS)}")
+    elif axis == "policy":
+        from engine.config import POLICIES
+
+        if v not in POLICIES:
+            raise ValueError(f"grid.policy: {v!r} is not one of {list(POLICIES)}")
+
+
+def point_key(context: Mapping[str, Any], point: Mapping[str, Any]) -> str:
+    """A stable id of (what is simulated, configuration): resume skips rows with a known key."""
+    text = json.dumps({"v": KEY_VERSION, **context, **point}, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+# ---- one point --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every point of a run shares: the trace (already loaded), model, profile choice, SLO.
+
+    `latency`, when given, builds the latency model for a config (stubs in tests); it must be a
+    picklable top-level callable to run in a process pool or on Ray.
+    """
+
+    trace: Any
+    model: str
+    profile: str = "auto"
+    slo: str | None = None
+    trace_label: str = ""
+    latency: Callable[[SimConfig], LatencyModel] | None = None
+
+
+@lru_cache(maxsize=16)
+def _model_spec(name: str):
+    from simulator.models import resolve_model
+
+    return resolve_model(name)
+
+
+def point_config(model: str, point: Mapping[str, Any]) -> SimConfig:
+    """The SimConfig of a point (axes missing from `point` take SimConfig's defaults)."""
+    kwargs = {AXES[axis]: point[axis] for axis in AXES if axis in point}
+    return SimConfig(model=_model_spec(model), **kwargs)
+
+
+def profile_for(profile: str, model: str, gpu: str, block_size: int, tp: int) -> Path | None:
+    """The profile file a point uses: None for the roofline, the shipped one for 'auto' (if any)."""
+    if profile == "roofline":
+        return None
+    if profile == "auto":
+        names = dict.fromkeys([gpu, canonical_gpu_name(gpu), *get_gpu(gpu).aliases])
+        for name in names:
+            found = default_profile(model, name, block_size, tp)
+            if found is not None:
+                return found
+        return None
+    return Path(profile)
+
+
+def simulate_point(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
+    """Simulate one point; a configuration that cannot run becomes a row with `error` set.
+
+    `point` holds axis values and optionally `rate_scale` (replay that many times faster).
+    """
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {"trace": ctx.trace_label, "model": ctx.model, "profile": ctx.profile, "slo": ctx.slo}
+    row.update(point)
+    try:
+        config = point_config(ctx.model, point)
+        trace = ctx.trace
+        scale = point.get("rate_scale")
+        if scale is not None and scale != 1:
+            import traces
+
+            trace = traces.scale_rate(trace, factor=float(scale))
+        profile = profile_for(ctx.profile, ctx.model, config.gpu, config.block_size, config.tensor_parallel_size)
+        latency = ctx.latency(config) if ctx.latency is not None else None
+        slo = SLO.parse(ctx.slo) if ctx.slo else None
+        result = run_simulation(trace, config, profile=profile, latency=latency, slo=slo)
+        summary = result.summary
+        row.update({k: v for k, v in summary.items() if k not in _SUMMARY_SKIP and _is_scalar(v)})
+        row["profile_used"] = str(profile) if profile is not None else "roofline"
+        row["cost_per_hour_usd"] = cost_per_hour(config.gpu, config.num_gpus)
+        row["cost_per_million_output_tokens_usd"] = cost_per_million_tokens(
+            config.gpu, config.num_gpus, summary["output_tok_s"]
+        )
+        if ctx.slo:
+            failed = violations(summary, parse_objectives(ctx.slo))
+            row["slo_met"] = not failed
+            row["slo_failed"] = describe_violations(failed)
+        row["error"] = None
+        row["error_type"] = None
+    except Exception as e:  # noqa: BLE001 - a point that cannot run is recorded, not fatal
+        row["error"] = str(e) or type(e).__name__
+        row["error_type"] = type(e).__name__
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def _is_scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+# ---- execution --------------------------------------------------------------------------------------
+
+_WORKER_CTX: RunContext | None = None
+
+
+def _init_worker(ctx: RunContext) -> None:
+    global _WORKER_CTX
+    _WORKER_CTX = ctx
+
+
+def _pool_task(point: Mapping[str, Any]) -> dict[str, Any]:
+    assert _WORKER_CTX is not None, "worker not initialised"
+    return simulate_point(_WORKER_CTX, point)
+
+
+class PointRunner:
+    """Runs points of one RunContext: inline (workers=1), a local spawn process pool (default: one
+    worker per core) or Ray tasks (`ray_address`: a cluster address, 'auto', or 'local' to start one;
+    an already initialised Ray is used as it is). Use as a context manager."""
+
+    def __init__(self, ctx: RunContext, workers: int | None = None, ray_address: str | None = None) -> None:
+        if workers is not None and workers <= 0:
+            raise ValueError(f"workers: must be a positive integer, got {workers}")
+        self.ctx = ctx
+        self.workers = workers or os.cpu_count() or 1
+        self.ray_address = ray_address
+        self._pool: ProcessPoolExecutor | None = None
+        self._ray_started = False
+        self._ray_ctx = None
+        self._ray_task = None
+
+    @property
+    def parallelism(self) -> int:
+        if self.ray_address is not None:
+            import ray
+
+            self._ensure_ray()
+            return max(1, int(ray.cluster_resources().get("CPU", 1)))
+        return self.workers
+
+    def __enter__(self) -> PointRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+            self._ray_started = False
+
+    def map_unordered(self, points: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Yield (index into points, row) as points finish."""
+        if not points:
+            return
+        if self.ray_address is not None:
+            yield from self._ray(points)
+        elif self.workers == 1:
+            for i, p in enumerate(points):
+                yield i, simulate_point(self.ctx, p)
+        else:
+            yield from self._local(points)
+
+    def run(self, points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Rows of `points`, in their order."""
+        rows: list[dict[str, Any]] = [{} for _ in points]
+        for i, row in self.map_unordered(points):
+            rows[i] = row
+        return rows
+
+    def _local(self, points: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+        import multiprocessing
+
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self.ctx,),
+            )
+        futures = {self._pool.submit(_pool_task, dict(p)): i for i, p in enumerate(points)}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    yield futures[fut], fut.result()
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+    def _ensure_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        if self.ray_address == "local":
+            ray.init(include_dashboard=False, logging_level="WARNING")
+        else:
+            ray.init(address=self.ray_address, logging_level="WARNING")
+        self._ray_started = True
+
+    def _ray(self, points: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+        import ray
+
+        self._ensure_ray()
+        if self._ray_ctx is None:
+            self._ray_ctx = ray.put(self.ctx)
+            self._ray_task = ray.remote(num_cpus=1, max_retries=0)(simulate_point)
+        refs = {self._ray_task.remote(self._ray_ctx, dict(p)): i for i, p in enumerate(points)}
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    i = refs[ref]
+                    try:
+                        row = ray.get(ref)
+                    except Exception as e:  # noqa: BLE001 - a lost worker: record it, retry on resume
+                        row = {**points[i], "error": f"ray task failed: {e}", "error_type": type(e).__name__}
+                    yield i, row
+        finally:
+            for ref in pending:
+                ray.cancel(ref)
+
+
+# ---- a sweep to Parquet -------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepReport:
+    out: Path
+    num_points: int
+    num_skipped: int
+    num_run: int
+    num_errors: int
+    wall_s: float
+    errors: list[str] = field(default_factory=list)  # first few error messages of this run
+
+    def format(self) -> str:
+        lines = [
+            f"{self.num_points} points: {self.num_skipped} already in {self.out}, {self.num_run} run "
+            f"({self.num_errors} recorded with an error) in {self.wall_s:.1f} s"
+        ]
+        lines += [f"  error: {e}" for e in self.errors]
+        return "\n".join(lines)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of an existing sweep output (empty when there is none)."""
+    import pandas as pd
+
+    if not path.exists():
+        return []
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        raise ValueError(f"{path}: cannot read the existing sweep output ({e}); move it away") from None
+    if "key" not in df.columns:
+        raise ValueError(f"{path}: not a kvplan sweep output (no 'key' column); move it away")
+    return df.to_dict("records")
+
+
+def write_rows_atomic(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """Write all rows to `path` through a temporary file and a rename: a reader (or a crash) never
+    sees a half-written file."""
+    import pandas as pd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pd.DataFrame.from_records(list(rows)).to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _is_done(row: Mapping[str, Any]) -> bool:
+    err = row.get("error_type")
+    return err is None or (isinstance(err, float) and math.isnan(err)) or err in DETERMINISTIC_ERRORS
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out: str | Path,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = True,
+    latency: Callable[[SimConfig], LatencyModel] | None = None,
+) -> SweepReport:
+    """Run every grid point whose key is not yet in `out` (Parquet); rows are rewritten atomically as
+    points finish, so an interrupted sweep keeps everything done. Failed points other than invalid
+    configurations are retried on the next run."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    out = Path(out)
+    points = spec.points()
+    keys = [spec.point_key(p) for p in points]
+    if len(set(keys)) != len(keys):
+        raise ValueError("grid: some points repeat (an axis lists the same value twice)")
+    existing = {row["key"]: row for row in read_rows(out)}
+    todo = [i for i, k in enumerate(keys) if not (k in existing and _is_done(existing[k]))]
+    report = SweepReport(out, len(points), len(points) - len(todo), 0, 0, 0.0)
+    if not todo:
+        report.wall_s = time.perf_counter() - t0
+        return report
+    order = {k: i for i, k in enumerate(keys)}
+    rows: dict[str, dict[str, Any]] = dict(existing)
+
+    def flush() -> None:
+        ordered = sorted(rows.values(), key=lambda r: order.get(r["key"], -1))  # other sweeps' rows first
+        write_rows_atomic(ordered, out)
+
+    ctx = spec.context(latency)
+    last_flush, flush_cost, dirty = 0.0, 0.0, False
+    bar = tqdm(total=len(todo), desc="sweep", unit="pt", disable=not progress, smoothing=0.1)
+    try:
+        with PointRunner(ctx, workers, ray_address) as runner:
+            for j, row in runner.map_unordered([points[i] for i in todo]):
+                key = keys[todo[j]]
+                rows[key] = {"key": key, **row}
+                report.num_run += 1
+                dirty = True
+                if row.get("error") is not None:
+                    report.num_errors += 1
+                    if len(report.errors) < 5:
+                        report.errors.append(row["error"])
+                bar.set_postfix(errors=report.num_errors, refresh=False)
+                bar.update(1)
+                # Rewrite after each point unless writing costs more than a tenth of the time between.
+                now = time.perf_counter()
+                if now - last_flush >= 10 * flush_cost:
+                    flush()
+                    flush_cost, last_flush, dirty = time.perf_counter() - now, time.perf_counter(), False
+    finally:
+        bar.close()
+        if dirty:
+            flush()
+    report.wall_s = time.perf_counter() - t0
+    return report

@@ -1,0 +1,150 @@
+"""Simulated against real: re-simulate a real engine replay and report how far the metrics differ.
+
+A replay folder (written by `kvplan replay`) holds run.json (the configuration), trace.parquet (the
+requests as replayed), requests.parquet (per-request real timings) and steps.parquet (the engine's
+step records). `validate_run` simulates the same trace on the same configuration with a profile.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.config import ModelSpec
+from simulator.config import SimConfig
+from simulator.latency.base import StepShape
+from simulator.latency.profile import load_latency_model
+from simulator.metrics import add_latencies, summarize
+from simulator.run import SimResult, run_simulation
+
+# metric -> allowed |relative error| (the calibration issue's targets)
+TARGETS = {
+    "throughput_rps": 0.03,
+    "output_tok_s": 0.03,
+    "tpot_mean_s": 0.03,
+    "e2e_p50_s": 0.05,
+    "e2e_p99_s": 0.05,
+    "ttft_p50_s": 0.10,
+    "ttft_p99_s": 0.10,
+}
+REPORTED = (*TARGETS, "ttft_mean_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_mean_s", "e2e_p90_s")
+REQUIRED_FILES = ("run.json", "trace.parquet", "requests.parquet")
+
+
+@dataclass
+class Validation:
+    run_dir: Path
+    table: pd.DataFrame  # metric, real, sim, rel_error, target, ok
+    real: pd.DataFrame  # per-request real timings
+    sim: SimResult
+    steps: pd.DataFrame | None  # real step records with predicted_s and residual columns
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.table["ok"].dropna().all())
+
+
+def read_run(run_dir: str | Path) -> tuple[dict, object, pd.DataFrame, pd.DataFrame | None]:
+    """(run.json, trace, per-request frame, step records or None) of a replay folder."""
+    import traces
+
+    root = Path(run_dir)
+    missing = [f for f in REQUIRED_FILES if not (root / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{root}: not a replay folder, missing {', '.join(missing)}")
+    meta = json.loads((root / "run.json").read_text())
+    trace = traces.Trace.from_parquet(root / "trace.parquet")
+    requests = add_latencies(pd.read_parquet(root / "requests.parquet"))
+    steps = pd.read_parquet(root / "steps.parquet") if (root / "steps.parquet").is_file() else None
+    return meta, trace, requests, steps
+
+
+def sim_config_for(meta: dict) -> SimConfig:
+    """The simulated twin of a real run's configuration (same KV blocks the engine had)."""
+    try:
+        return SimConfig(
+            model=ModelSpec(**meta["model"]),
+            gpu=meta.get("gpu", "H200"),
+            tensor_parallel_size=int(meta.get("tensor_parallel_size", 1)),
+            block_size=int(meta["block_size"]),
+            num_kv_blocks=int(meta["num_kv_blocks"]),
+            enable_prefix_caching=bool(meta["enable_prefix_caching"]),
+            max_num_seqs=int(meta["max_num_seqs"]),
+            max_num_batched_tokens=int(meta["max_num_batched_tokens"]),
+            max_model_len=int(meta["max_model_len"]),
+            policy=meta["policy"],
+        )
+    except KeyError as e:
+        raise ValueError(f"run.json: missing field {e.args[0]!r}") from None
+
+
+def compare(real: dict, sim: dict) -> pd.DataFrame:
+    rows = []
+    for metric in REPORTED:
+        r, s = real.get(metric, np.nan), sim.get(metric, np.nan)
+        err = (s - r) / r if r else np.nan
+        target = TARGETS.get(metric)
+        ok = None if target is None or np.isnan(err) else bool(abs(err) <= target)
+        rows.append({"metric": metric, "real": r, "sim": s, "rel_error": err, "target": target, "ok": ok})
+    return pd.DataFrame(rows)
+
+
+def step_residuals(steps: pd.DataFrame, latency) -> pd.DataFrame:
+    """Real step records with the latency model's prediction and relative residual per step."""
+    df = steps.copy()
+    target = "gpu_time_s" if "gpu_time_s" in df and df["gpu_time_s"].notna().any() else "wall_time_s"
+    df["predicted_s"] = [latency.predict(StepShape.of(row)).total for row in df.itertuples(index=False)]
+    df["measured_s"] = df[target]
+    df["residual"] = (df["predicted_s"] - df["measured_s"]) / df["measured_s"]
+    return df
+
+
+def validate_run(run_dir: str | Path, profile: str | Path | None) -> Validation:
+    meta, trace, real, steps = read_run(run_dir)
+    config = sim_config_for(meta)
+    latency = load_latency_model(profile, config.model, config.gpu, config.tensor_parallel_size, config.block_size)
+    sim = run_simulation(trace, config, latency=latency)
+    real_summary = summarize(real)
+    table = compare(real_summary, sim.summary)
+    residuals = step_residuals(steps, latency) if steps is not None and len(steps) else None
+    return Validation(Path(run_dir), table, real, sim, residuals)
+
+
+def format_table(v: Validation) -> str:
+    lines = [f"{'metric':<16}{'real':>12}{'sim':>12}{'error':>9}{'target':>8}  ok"]
+    for r in v.table.itertuples(index=False):
+        target = f"{r.target:.0%}" if r.target else "-"
+        ok = "-" if r.ok is None else ("yes" if r.ok else "NO")
+        lines.append(f"{r.metric:<16}{r.real:>12.4g}{r.sim:>12.4g}{r.rel_error:>+9.1%}{target:>8}  {ok}")
+    if v.steps is not None:
+        res = v.steps["residual"].abs()
+        lines.append(f"\nstep-time error: median {res.median():.1%}, p90 {res.quantile(0.9):.1%} over {len(res)} steps")
+    return "\n".join(lines)
+
+
+def write_report(v: Validation, out_dir: str | Path) -> Path:
+    """validation.json, sim_requests.parquet and report.html (plotly) under `out_dir`."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    v.sim.requests.to_parquet(out / "sim_requests.parquet", index=False)
+    payload = {"run_dir": str(v.run_dir), "passed": v.passed, "metrics": v.table.to_dict(orient="records")}
+    (out / "validation.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    merged = v.real.merge(v.sim.requests, on="request_id", suffixes=("_real", "_sim"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (s)", "E2E (s)", "step time residual"))
+    for col, name in ((1, "ttft_s"), (2, "e2e_s")):
+        fig.add_trace(go.Scattergl(x=merged[f"{name}_real"], y=merged[f"{name}_sim"], mode="markers", name=name), 1, col)
+    if v.steps is not None:
+        fig.add_trace(go.Histogram(x=v.steps["residual"], name="residual", nbinsx=60), 1, 3)
+    fig.update_layout(title=f"simulated vs real: {v.run_dir.name}", height=450)
+    table_html = v.table.to_html(index=False, float_format=lambda x: f"{x:.4g}")
+    (out / "report.html").write_text(
+        f"<html><body><h2>kvplan validate</h2>{table_html}{fig.to_html(full_html=False, include_plotlyjs=True)}</body></html>"
+    )
+    return out

@@ -1,0 +1,149 @@
+"""Shared helpers for the latency-model tests: a tiny model, real decode batches, synthetic records."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.config import ModelSpec
+from engine.scheduler import ScheduledBatch, make_batch
+from engine.sequence import SamplingParams, Sequence
+
+# Known coefficients of the synthetic step-time function (seconds per unit of each feature).
+TRUE_DECODE = (2.0e-3, 2.0e-5, 3.0e-8, 1.0e-7)  # const, padded batch, context tokens, max_seq_len
+TRUE_PREFILL = (
+    3.0e-3,
+    2.5e-6,
+    1.0e-10,
+    2.0e-8,
+    5.0e-5,
+    1.0e-5,
+)  # const, tokens, attn work, ctx, seqs, decodes
+GMAX = 256  # largest decode graph in the synthetic engine run (max_num_seqs = 256)
+
+
+def qwen3_0_6b() -> ModelSpec:
+    return ModelSpec(
+        name="Qwen3-0.6B",
+        architecture="Qwen3ForCausalLM",
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        hidden_size=1024,
+        intermediate_size=3072,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        rope_theta=1e6,
+    )
+
+
+def decode_batch(computed: list[int]) -> ScheduledBatch:
+    """A real decode-only ScheduledBatch: sequence i has computed[i] tokens cached and one pending."""
+    params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
+    seqs = [Sequence(i, [7] * (c + 1), params) for i, c in enumerate(computed)]
+    for s, c in zip(seqs, computed):
+        s.num_computed_tokens = c
+    batch = make_batch(seqs, [1] * len(seqs), list(computed), [0] * len(seqs), [], 0)
+    assert batch.kind == "decode"
+    return batch
+
+
+def synthetic_records(
+    n_decode: int = 400, n_prefill: int = 300, noise: float = 0.01, seed: int = 1
+) -> pd.DataFrame:
+    """Step records whose gpu_time_s is the known linear function of the features times lognormal noise,
+    plus a few compiled steps with absurd times that a fit must drop."""
+    from simulator.latency.fitted import graph_padded_batch_size
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n_decode):
+        n = int(rng.integers(1, 257))
+        ctx = rng.integers(1, 4000, size=n)
+        padded = graph_padded_batch_size(n, GMAX)
+        t = (
+            TRUE_DECODE[0]
+            + TRUE_DECODE[1] * padded
+            + TRUE_DECODE[2] * ctx.sum()
+            + TRUE_DECODE[3] * (ctx.max() + 1)
+        )
+        rows.append(
+            dict(kind="decode", num_seqs=n, num_prefill_seqs=0, num_decode_seqs=n, total_num_scheduled_tokens=n,
+                 num_prefill_tokens=0, total_num_cached_tokens=0, num_context_tokens=int(ctx.sum()),
+                 max_seq_len=int(ctx.max()) + 1, prefill_attn_work=0.0, graph_batch_size=padded, t=t)
+        )  # fmt: skip
+    for _ in range(n_prefill):
+        n_pre = int(rng.integers(1, 31))
+        n_dec = int(rng.integers(0, 100)) if rng.random() < 0.5 else 0
+        new = rng.integers(1, 2000, size=n_pre)
+        cpre = rng.integers(0, 4000, size=n_pre) * (rng.random(n_pre) < 0.3)
+        cdec = rng.integers(1, 4000, size=n_dec)
+        work = float(np.sum(new * (cpre + (new + 1) / 2)))
+        tokens = int(new.sum()) + n_dec
+        ctx = int(cpre.sum() + cdec.sum())
+        feats = (1, tokens, work, ctx, n_pre + n_dec, n_dec)
+        t = sum(c * f for c, f in zip(TRUE_PREFILL, feats))
+        max_len = int(max((cpre + new).max(), (cdec + 1).max() if n_dec else 0))
+        rows.append(
+            dict(kind="mixed" if n_dec else "prefill", num_seqs=n_pre + n_dec, num_prefill_seqs=n_pre,
+                 num_decode_seqs=n_dec, total_num_scheduled_tokens=tokens, num_prefill_tokens=int(new.sum()),
+                 total_num_cached_tokens=0, num_context_tokens=ctx, max_seq_len=max_len, prefill_attn_work=work,
+                 graph_batch_size=0, t=t)
+        )  # fmt: skip
+    df = pd.DataFrame(rows)
+    df["gpu_time_s"] = df.pop("t") * np.exp(rng.normal(0.0, noise, size=len(df)))
+    df["wall_time_s"] = df["gpu_time_s"] * 1.1
+    df["compiled"] = False
+    df.loc[[0, n_decode, n_decode + 1], ["compiled", "gpu_time_s"]] = [True, 3.4]
+    df.insert(0, "step", np.arange(len(df)))
+    df["num_kv_blocks_used"] = 0
+    df["tp"] = 1
+    df["block_size"] = 256
+    return df
+
+
+@pytest.fixture(scope="session")
+def truth() -> SimpleNamespace:
+    """The synthetic records' true coefficients and largest decode graph."""
+    return SimpleNamespace(decode=TRUE_DECODE, prefill=TRUE_PREFILL, gmax=GMAX)
+
+
+@pytest.fixture(scope="session")
+def model() -> ModelSpec:
+    return qwen3_0_6b()
+
+
+@pytest.fixture(scope="session")
+def records() -> pd.DataFrame:
+    return synthetic_records()
+
+
+@pytest.fixture(scope="session")
+def make_records():
+    return synthetic_records
+
+
+@pytest.fixture(scope="session")
+def make_decode_batch():
+    return decode_batch
+
+
+@pytest.fixture(scope="session")
+def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
+    """One of each kind of model, TP and CUDA-graph setting."""
+    from simulator.latency import RooflineEfficiency, RooflineModel, fit_step_records
+
+    return {
+        "roofline-h200": RooflineModel(model, "h200"),
+        "roofline-h100-tp2": RooflineModel(model, "h100", tp=2),
+        "roofline-l40s-tp4": RooflineModel(
+            model, "l40s", tp=4, efficiency=RooflineEfficiency(gemm_flops=0.55)
+        ),
+        "fitted": fit_step_records(records, max_num_seqs=GMAX),
+        "fitted-eager": fit_step_records(records.assign(graph_batch_size=0)),
+    }

@@ -1,0 +1,109 @@
+"""decode_step_time(n, ctx, max_len) is bit-for-bit predict(batch).total for real decode batches,
+and a Scheduler fast-forward with it lands on the same clock as stepping with predict."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig
+from engine.scheduler import Scheduler, accumulate_decode_times
+from engine.sequence import SamplingParams
+from simulator.latency import LatencyModel, StepShape
+
+
+def test_models_satisfy_protocol(latency_models: dict[str, LatencyModel]) -> None:
+    for model in latency_models.values():
+        assert isinstance(model, LatencyModel)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(computed=st.lists(st.integers(min_value=0, max_value=9000), min_size=1, max_size=300))
+def test_decode_step_time_is_predict_total_bit_for_bit(
+    computed: list[int], latency_models: dict[str, LatencyModel], make_decode_batch
+) -> None:
+    batch = make_decode_batch(computed)
+    n, ctx, max_len = len(computed), sum(computed), max(computed) + 1
+    assert (batch.num_seqs, batch.num_context_tokens, batch.max_seq_len) == (n, ctx, max_len)
+    for name, model in latency_models.items():
+        fast = model.decode_step_time(n, ctx, max_len)
+        assert type(fast) is float, name
+        for shape in (batch, StepShape.decode(n, ctx, max_len), StepShape.of(batch)):
+            st_ = model.predict(shape)
+            assert st_.total.hex() == fast.hex(), name
+            parts = st_.linear + st_.attention + st_.communication + st_.overhead
+            assert abs(parts - st_.total) <= 1e-12 * st_.total, name
+
+
+def test_fast_forward_matches_stepping_with_predict(latency_models: dict[str, LatencyModel]) -> None:
+    """A Scheduler run that fast-forwards decode stretches with decode_step_time ends on the same
+    clock, with the same inter-token gaps, as stepping every batch with predict().total."""
+    model = latency_models["fitted"]
+    forwarded = [0]
+    reference = partial(accumulate_decode_times, model.decode_step_time)
+
+    def run(fast: bool, decode_times=reference) -> tuple[float, list[float]]:
+        now = [0.0]
+        sched = Scheduler(SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=4096), BlockManager(512, 16),
+                          clock=lambda: now[0])  # fmt: skip
+        seqs = [
+            sched.add_request(
+                [i + 1] * (50 + 37 * i), SamplingParams(max_tokens=40 + 3 * i, ignore_eos=True), 0.0
+            )
+            for i in range(20)
+        ]
+        while sched.has_unfinished():
+            if fast:
+                k, end = sched.fast_forward(decode_times, now[0], float("inf"))
+                if k:
+                    forwarded[0] += k
+                    now[0] = end
+                    continue
+            batch = sched.schedule()
+            now[0] = now[0] + model.predict(batch).total
+            sched.postprocess(batch, [0] * batch.num_seqs)
+        assert all(s.is_finished and s.num_output_tokens == 40 + 3 * i for i, s in enumerate(seqs))
+        return now[0], [(s.first_token_time, s.finish_time) for s in seqs]
+
+    slow_end, slow_last = run(False)
+    for decode_times in (reference, model.decode_step_times):
+        forwarded[0] = 0
+        fast_end, fast_last = run(True, decode_times)
+        assert fast_end.hex() == slow_end.hex()
+        assert fast_last == slow_last
+        assert forwarded[0] > 100  # the fast path did run
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    num_seqs=st.integers(min_value=1, max_value=600),
+    context=st.integers(min_value=0, max_value=2_000_000),
+    max_len=st.integers(min_value=1, max_value=40_000),
+    max_steps=st.integers(min_value=0, max_value=5000),
+    start=st.floats(min_value=0.0, max_value=1e5, allow_nan=False),
+    horizon=st.floats(min_value=-1.0, max_value=50.0, allow_nan=False),
+)
+@example(
+    num_seqs=64, context=64_000, max_len=1001, max_steps=5000, start=0.0, horizon=float("inf")
+)  # 3 chunks
+@example(num_seqs=8, context=0, max_len=1, max_steps=4096, start=10.0, horizon=0.0)  # deadline at start
+@example(num_seqs=8, context=0, max_len=1, max_steps=4096, start=10.0, horizon=2.0048)
+def test_vectorised_decode_step_times_match_the_scheduler_reference(
+    latency_models: dict[str, LatencyModel],
+    num_seqs: int,
+    context: int,
+    max_len: int,
+    max_steps: int,
+    start: float,
+    horizon: float,
+) -> None:
+    deadline = start + horizon
+    for name, model in latency_models.items():
+        expected = accumulate_decode_times(
+            model.decode_step_time, num_seqs, context, max_len, max_steps, start, deadline
+        )
+        got = model.decode_step_times(num_seqs, context, max_len, max_steps, start, deadline)
+        assert [t.hex() for t in got] == [t.hex() for t in expected], name

@@ -1,0 +1,140 @@
+"""LatencyProfile: JSON round trip, compatibility errors, and the load_latency_model factory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from engine.config import ModelSpec
+from simulator.latency import (
+    FittedModel,
+    LatencyProfile,
+    RooflineEfficiency,
+    RooflineModel,
+    StepShape,
+    fit_profile,
+    load_latency_model,
+)
+
+LLAMA_3_8B = ModelSpec("Llama-3-8B", "LlamaForCausalLM", 32, 32, 8, 128, 4096, 14336, 128256)
+
+
+@pytest.fixture(scope="module")
+def profile(records: pd.DataFrame, model: ModelSpec) -> LatencyProfile:
+    return fit_profile(
+        records,
+        model=model,
+        gpu="h200",
+        max_num_seqs=256,
+        max_num_batched_tokens=16384,
+        attention_backend="flash_attn.cute",
+        engine_version="0.1.0",
+        num_kv_blocks=4516,
+        created="2026-11-29T08:00:00+00:00",
+    )
+
+
+def test_metadata(profile: LatencyProfile, model: ModelSpec) -> None:
+    assert profile.describe() == "Qwen3-0.6B on H200-SXM tp=1 block 256"
+    assert profile.model_spec() == model
+    assert (profile.tp, profile.block_size, profile.dtype) == (1, 256, "bfloat16")  # tp, block from records
+    assert (profile.num_kv_blocks, profile.max_graph_batch_size, profile.num_records) == (4516, 256, 697)
+    assert profile.target == "gpu_time_s"
+    assert profile.extra == {"seed": 0, "holdout_fraction": 0.25}
+    assert profile.decode.error is not None and profile.decode.error.median_rel_error < 0.012
+
+
+def test_round_trip_is_exact(profile: LatencyProfile, tmp_path) -> None:
+    path = profile.save(tmp_path / "p.json")
+    raw = json.loads(path.read_text())
+    assert raw["format"] == "kvplan.latency_profile" and raw["version"] == 1
+    assert raw["model"]["name"] == "Qwen3-0.6B" and raw["prefill"]["fit_error"]["n_test"] > 0
+    loaded = LatencyProfile.load(path)
+    assert loaded == profile
+    a, b = profile.to_latency_model(), loaded.to_latency_model()
+    assert b.profile is loaded
+    for n, ctx, max_len in [(1, 0, 1), (17, 9000, 1200), (300, 500_000, 4000)]:
+        assert a.decode_step_time(n, ctx, max_len).hex() == b.decode_step_time(n, ctx, max_len).hex()
+    shape = StepShape("mixed", 10, 2, 2008, 2000, 50_000, 4000, 1.5e6)
+    assert a.predict(shape) == b.predict(shape)
+
+
+def test_mismatch_lists_every_difference(profile: LatencyProfile) -> None:
+    with pytest.raises(ValueError) as info:
+        profile.check_compatible(model=LLAMA_3_8B, gpu="H100", tp=2, block_size=16)
+    msg = str(info.value)
+    assert msg.startswith(
+        "profile is for Qwen3-0.6B on H200-SXM tp=1 block 256; asked for Llama-3-8B on H100-SXM tp=2 block 16: "
+    )
+    for part in ("model Qwen3-0.6B != Llama-3-8B (", "num_layers 28 != 32", "hidden_size 1024 != 4096",
+                 "gpu H200-SXM != H100-SXM", "tp 1 != 2", "block_size 256 != 16"):  # fmt: skip
+        assert part in msg, part
+
+
+def test_compatible_configurations_pass(profile: LatencyProfile, model: ModelSpec) -> None:
+    profile.check_compatible(model=model, gpu="NVIDIA H200", tp=1, block_size=256, dtype="bfloat16")
+    profile.check_compatible(
+        model=dataclasses.replace(model, name="qwen3-0.6b-random-weights")
+    )  # same shapes
+    profile.check_compatible(model="qwen3-0.6b")
+    profile.check_compatible()
+    with pytest.raises(ValueError, match=r"asked for block 16: mismatched block_size 256 != 16$"):
+        profile.check_compatible(block_size=16)
+    with pytest.raises(ValueError, match=r"mismatched model Qwen3-0.6B \(dtype bfloat16 != float16\)$"):
+        profile.check_compatible(model=dataclasses.replace(model, dtype="float16"))
+
+
+def test_load_latency_model_picks_profile_or_roofline(
+    profile: LatencyProfile, model: ModelSpec, tmp_path
+) -> None:
+    path = profile.save(tmp_path / "qwen3_h200.json")
+    fitted = load_latency_model(path, model, "h200", 1, 256)
+    assert isinstance(fitted, FittedModel) and fitted.profile == profile
+    roof = load_latency_model(None, model, "h100", tp=2, efficiency=RooflineEfficiency(gemm_flops=0.6))
+    assert isinstance(roof, RooflineModel) and roof.tp == 2 and roof.gpu.name == "H100-SXM"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: profile is for .* tp 1 != 2"):
+        load_latency_model(path, model, "h200", tp=2)
+    with pytest.raises(ValueError, match="efficiency: applies to the roofline model only"):
+        load_latency_model(path, model, "h200", efficiency=RooflineEfficiency())
+
+
+def test_bad_files_name_the_file(profile: LatencyProfile, tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="no latency profile here"):
+        LatencyProfile.load(tmp_path / "missing.json")
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: not valid JSON"):
+        LatencyProfile.load(path)
+    raw = profile.to_dict()
+    for change, message in [
+        ({"version": 2}, "profile version 2 is not supported"),
+        ({"format": "other"}, "not a latency profile"),
+        ({"decode": {"features": ["const"], "coefficients": [1.0]}}, "decode fit features"),
+        ({"prefill": {"features": ["const"]}}, "field 'prefill' is malformed"),
+    ]:
+        path.write_text(json.dumps({**raw, **change}))
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*{message}"):
+            LatencyProfile.load(path)
+    del raw["tp"]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: missing field 'tp'"):
+        LatencyProfile.load(path)
+
+
+def test_profile_metadata_must_agree_with_records(records: pd.DataFrame, model: ModelSpec) -> None:
+    with pytest.raises(ValueError, match="block_size: given 16 but the step records say 256"):
+        fit_profile(
+            records, model=model, gpu="h200", max_num_seqs=256, max_num_batched_tokens=16384, block_size=16
+        )
+    with pytest.raises(ValueError, match="tp and block_size: not in the step records"):
+        fit_profile(
+            records.drop(columns=["tp"]),
+            model=model,
+            gpu="h200",
+            max_num_seqs=256,
+            max_num_batched_tokens=8192,
+        )

@@ -1,0 +1,98 @@
+"""Simulator behaviour: exact fast-forward, determinism, rejections, routers, bad input."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import traces
+from simulator.config import SimConfig
+from simulator.latency.roofline import RooflineModel
+from simulator.run import run_simulation
+
+
+def _run(trace, config, **kw):
+    return run_simulation(trace, config, latency=RooflineModel(config.model, config.gpu, config.tensor_parallel_size), **kw)
+
+
+@pytest.mark.parametrize("policy", ["chunked", "prefill_first"])
+@pytest.mark.parametrize("replicas,router", [(1, "round_robin"), (3, "least_outstanding"), (2, "prefix_aware")])
+def test_fast_forward_is_exact(prefix_trace, small_config, policy, replicas, router):
+    a = _run(prefix_trace, small_config(policy=policy, num_replicas=replicas, router=router))
+    b = _run(prefix_trace, small_config(policy=policy, num_replicas=replicas, router=router, fast_forward=False))
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    assert np.array_equal(a.itl[0], b.itl[0]) and np.array_equal(a.itl[1], b.itl[1])
+    assert a.summary["sim_fast_forwarded_steps"] > a.summary["sim_steps"] / 3
+    assert b.summary["sim_fast_forwarded_steps"] == 0
+    assert a.summary["sim_steps"] == b.summary["sim_steps"]
+
+
+def test_prefix_hits_and_preemptions_happen(prefix_trace, small_config):
+    s = _run(prefix_trace, small_config(num_kv_blocks=120)).summary
+    assert s["num_finished"] == 400
+    assert s["num_preemptions"] > 0
+    assert s["prefix_hit_rate"] > 0.3
+
+
+def test_seeded_runs_are_bit_identical(prefix_trace, small_config):
+    a = _run(prefix_trace, small_config(num_replicas=2, router="least_outstanding"))
+    b = _run(prefix_trace, small_config(num_replicas=2, router="least_outstanding"))
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.timeline, b.timeline, check_exact=True)
+
+
+def test_requests_that_cannot_fit_are_rejected_and_counted(qwen06):
+    df = pd.DataFrame(
+        {"request_id": [0, 1, 2], "arrival_s": [0.0, 0.1, 0.2], "prompt_len": [100, 5000, 300], "output_len": [10, 10, 10]}
+    )
+    trace = traces.Trace(df, name="tiny")
+    cfg = SimConfig(model=qwen06, num_kv_blocks=50, block_size=16, max_model_len=4096, max_num_batched_tokens=512)
+    res = _run(trace, cfg)
+    reasons = res.requests.set_index("request_id")["finish_reason"]
+    assert reasons[0] == "length"
+    assert reasons[1].startswith("rejected: prompt of 5000 tokens exceeds max_model_len 4096")
+    assert reasons[2] == "length"
+    assert res.summary["num_rejected"] == 1 and res.summary["num_finished"] == 2
+    cfg_small = SimConfig(model=qwen06, num_kv_blocks=10, block_size=16, max_num_batched_tokens=512)
+    res = _run(trace.with_frame(df.iloc[[2]].reset_index(drop=True)), cfg_small)
+    assert res.requests["finish_reason"][0].startswith("rejected: prompt of 300 tokens needs more than the 10")
+
+
+def test_output_that_outgrows_the_cache_is_truncated_not_hung(qwen06):
+    df = pd.DataFrame({"request_id": [0], "arrival_s": [0.0], "prompt_len": [100], "output_len": [1000]})
+    cfg = SimConfig(model=qwen06, num_kv_blocks=10, block_size=16, max_num_batched_tokens=512)
+    res = _run(traces.Trace(df, name="long"), cfg)
+    row = res.requests.iloc[0]
+    assert row["finish_reason"] == "kv_capacity"
+    # 10 blocks hold the KV of 160 tokens; the token sampled last needs no slot yet: 161 - 100
+    assert row["num_output_tokens"] == 61
+
+
+def test_bad_configs_name_the_field(qwen06):
+    with pytest.raises(ValueError, match="tensor_parallel_size: 3 does not divide num_heads 16"):
+        SimConfig(model=qwen06, tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="router"):
+        SimConfig(model=qwen06, router="random")
+    with pytest.raises(ValueError, match="block_size"):
+        SimConfig(model=qwen06, block_size=0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens .* must be >= max_num_seqs"):
+        _run(traces.generate(num_requests=3, seed=0), SimConfig(model=qwen06, max_num_seqs=64, max_num_batched_tokens=32))
+
+
+def test_model_too_big_for_the_gpu_is_a_clear_error():
+    from simulator.models import resolve_model
+
+    cfg = SimConfig(model=resolve_model("llama-3-8b"), gpu="L40S", gpu_memory_utilization=0.3)
+    with pytest.raises(ValueError, match="does not fit on L40S"):
+        _run(traces.generate(num_requests=3, seed=0), cfg)
+
+
+def test_kv_capacity_follows_the_engine_sizing_function(qwen06):
+    from engine.config import activation_bytes_estimate, kv_free_bytes, num_kv_blocks
+    from simulator.config import kv_blocks_per_replica
+    from simulator.latency.gpus import get_gpu
+
+    cfg = SimConfig(model=qwen06, tensor_parallel_size=2, block_size=32)
+    gpu = get_gpu("H200")
+    act = activation_bytes_estimate(qwen06, cfg.max_num_batched_tokens, cfg.max_num_seqs, 2)
+    expected = num_kv_blocks(qwen06, kv_free_bytes(gpu.memory_bytes, 0.9, qwen06, 2, act), 32, 2)
+    assert kv_blocks_per_replica(cfg, gpu.memory_bytes) == expected > 0
