@@ -158,7 +158,9 @@ def check_tp(model: ModelSpec, tp: int) -> None:
     if tp <= 0:
         raise ValueError(f"tensor_parallel_size: must be a positive integer, got {tp}")
     if model.num_heads % tp:
-        raise ValueError(f"tensor_parallel_size: {tp} does not divide num_heads {model.num_heads} of {model.name}")
+        raise ValueError(
+            f"tensor_parallel_size: {tp} does not divide num_heads {model.num_heads} of {model.name}"
+        )
     if model.num_kv_heads % tp and tp % model.num_kv_heads:
         raise ValueError(
             f"tensor_parallel_size: {tp} and num_kv_heads {model.num_kv_heads} of {model.name} "
@@ -218,7 +220,9 @@ def num_kv_blocks(model: ModelSpec, free_bytes: int, block_size: int, tp: int = 
     return max(0, free_bytes) // kv_block_bytes(model, block_size, tp)
 
 
-def activation_bytes_estimate(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> int:
+def activation_bytes_estimate(
+    model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1
+) -> int:
     """A planning estimate of the peak activation memory of one forward pass on one GPU.
 
     The engine measures the real peak after its warm-up; the simulator and planner, which have no

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from engine.sequence import REQUEST_FIELDS, SamplingParams, SequenceStatus, request_record
 
+
 def replay_trace(llm, trace, progress: bool = True, max_wall_s: float | None = None) -> pd.DataFrame:
     """Serve `trace` on `llm` in real time; per-request timings in seconds from the replay start.
 
@@ -53,7 +54,9 @@ def replay_trace(llm, trace, progress: bool = True, max_wall_s: float | None = N
         elif i < len(arrivals):
             time.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
         if max_wall_s is not None and time.perf_counter() - t0 > max_wall_s:
-            raise TimeoutError(f"replay: still running after {max_wall_s:.0f} s ({i} of {len(arrivals)} arrived)")
+            raise TimeoutError(
+                f"replay: still running after {max_wall_s:.0f} s ({i} of {len(arrivals)} arrived)"
+            )
     bar.close()
     return pd.DataFrame.from_records(records, columns=list(REQUEST_FIELDS)).sort_values("request_id")
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence as Seq
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from engine.block_manager import BlockManager
@@ -174,7 +175,9 @@ class Scheduler:
         if n > self.config.max_model_len:
             return f"rejected: prompt of {n} tokens exceeds max_model_len {self.config.max_model_len}"
         if cdiv(n, bm.block_size) > bm.num_blocks:
-            return f"rejected: prompt of {n} tokens needs more than the {bm.num_blocks} KV blocks of the cache"
+            return (
+                f"rejected: prompt of {n} tokens needs more than the {bm.num_blocks} KV blocks of the cache"
+            )
         return None
 
     def has_unfinished(self) -> bool:
@@ -192,7 +195,12 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         step = self.policy.schedule(self)
         return make_batch(
-            step.seqs, step.num_new, step.computed, step.cached, step.preempted, self.block_manager.num_used_blocks
+            step.seqs,
+            step.num_new,
+            step.computed,
+            step.cached,
+            step.preempted,
+            self.block_manager.num_used_blocks,
         )
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
@@ -201,7 +209,9 @@ class Scheduler:
         finished, self._finished_outside_step = self._finished_outside_step, []
         itl = self.itl_counts if self.record_itl else None
         max_model_len = self.config.max_model_len
-        for seq, n, sample, token in zip(batch.seqs, batch.num_scheduled_tokens, batch.do_sample, sampled_token_ids):
+        for seq, n, sample, token in zip(
+            batch.seqs, batch.num_scheduled_tokens, batch.do_sample, sampled_token_ids
+        ):
             seq.num_computed_tokens += n
             if not sample:
                 continue
@@ -242,9 +252,9 @@ class Scheduler:
             seq = running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, step.budget)
             target = seq.num_computed_tokens + n
-            if (target > len(seq.block_table) * bs or (caching and target // bs > seq.num_cached_blocks)) and not (
-                self._allocate_or_preempt(seq, target, step)
-            ):
+            if (
+                target > len(seq.block_table) * bs or (caching and target // bs > seq.num_cached_blocks)
+            ) and not (self._allocate_or_preempt(seq, target, step)):
                 break
             step.add(seq, n)
             i += 1
@@ -391,7 +401,9 @@ class Scheduler:
         events.sort()
         return k, events
 
-    def _apply_fast_forward(self, times: Seq[float], end: float, events: list[tuple[int, int]], token_id: int) -> None:
+    def _apply_fast_forward(
+        self, times: Seq[float], end: float, events: list[tuple[int, int]], token_id: int
+    ) -> None:
         k = len(times) - 1
         running, bm = self.running, self.block_manager
         start_computed = [s.num_computed_tokens for s in running]

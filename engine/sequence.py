@@ -142,7 +142,9 @@ REQUEST_FIELDS = (
 )
 
 
-def request_record(seq: Sequence, request_id: int, output_len: int, replica: int = 0, t0: float = 0.0) -> tuple:
+def request_record(
+    seq: Sequence, request_id: int, output_len: int, replica: int = 0, t0: float = 0.0
+) -> tuple:
     """The REQUEST_FIELDS row of `seq`, its times in seconds after `t0`."""
 
     def rel(t: float | None) -> float | None:

@@ -18,7 +18,7 @@ DEFAULT_GPU = "H200"
 # Packages whose `cli.register(subparsers)` adds commands; a missing one (not built, or an extra
 # not installed) simply adds none.
 _PLUGINS = ("traces.cli", "simulator.plan_cli", "engine.cli", "dashboard.cli")
-_OPTIONAL_DEPS = {"torch", "transformers", "safetensors", "streamlit", "plotly", "ray"}
+_OPTIONAL_DEPS = {"torch", "transformers", "safetensors", "streamlit", "plotly", "ray", "simpy", "yaml"}
 
 
 def default_profile(model: str, gpu: str, block_size: int, tp: int) -> Path | None:
@@ -43,7 +43,9 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--policy", default="chunked", choices=["chunked", "prefill_first"])
-    p.add_argument("--router", default="round_robin", choices=["round_robin", "least_outstanding", "prefix_aware"])
+    p.add_argument(
+        "--router", default="round_robin", choices=["round_robin", "least_outstanding", "prefix_aware"]
+    )
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--profile", default="auto", help="fitted profile JSON, 'auto' (shipped) or 'roofline'")
 
@@ -80,11 +82,20 @@ def resolve_profile(args: argparse.Namespace) -> Path | None:
     return path
 
 
-def load_trace_arg(spec: str, rate_scale: float | None = None, limit: int | None = None):
-    """A shipped trace name or a trace file, optionally sped up and cut to its first `limit` rows."""
+def load_trace_arg(
+    spec: str, rate_scale: float | None = None, limit: int | None = None, window: str | None = None
+):
+    """A shipped trace name or a trace file; optionally a START:END window (seconds, rebased to 0),
+    its first `limit` rows, and replayed `rate_scale` times faster."""
     import traces
 
     trace = traces.load_shipped(spec) if spec in traces.shipped_names() else traces.load(spec)
+    if window:
+        try:
+            start, end = (float(x) if x else None for x in window.split(":"))
+        except ValueError:
+            raise ValueError(f"--window: {window!r} is not START:END in seconds (e.g. 600:900)") from None
+        trace = traces.time_window(trace, start or 0.0, end)
     if limit is not None:
         if limit <= 0:
             raise ValueError(f"--limit: must be a positive number of requests, got {limit}")
@@ -101,13 +112,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     config = sim_config_from_args(args)
     profile = resolve_profile(args)
-    trace = load_trace_arg(args.trace, args.rate_scale, args.limit)
+    trace = load_trace_arg(args.trace, args.rate_scale, args.limit, args.window)
     slo = SLO.parse(args.slo) if args.slo else None
     result = run_simulation(trace, config, profile=profile, slo=slo, progress=not args.quiet)
     print(format_summary(result.summary))
     if args.out:
         out = result.save(args.out)
         print(f"\nwrote {out}/requests.parquet, timeline.parquet, summary.json")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from simulator.validate import format_table, validate_run, write_report
+
+    v = validate_run(args.real, args.profile)
+    print(format_table(v))
+    out = write_report(v, args.out or Path(args.real) / "validation")
+    print(f"\nwrote {out}/report.html; {'within' if v.passed else 'OUTSIDE'} the targets")
     return 0
 
 
@@ -118,11 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace", default=DEFAULT_TRACE, help="shipped trace name or a trace file")
     sim.add_argument("--rate-scale", type=float, default=None, help="replay k times faster")
     sim.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    sim.add_argument("--window", default=None, help="START:END seconds of the trace (rebased to 0)")
     sim.add_argument("--slo", default=None, help="e.g. ttft=2s,tpot=80ms (adds goodput)")
     sim.add_argument("--out", default=None, help="folder for requests/timeline Parquet and summary JSON")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     add_sim_arguments(sim)
     sim.set_defaults(func=cmd_simulate)
+    val = sub.add_parser(
+        "validate", help="simulate a real replay's trace and configuration; report the errors"
+    )
+    val.add_argument("--real", required=True, help="replay folder written by `kvplan replay`")
+    val.add_argument("--profile", default=None, help="fitted profile JSON (default: roofline)")
+    val.add_argument(
+        "--out", default=None, help="folder for report.html, validation.json, sim_requests.parquet"
+    )
+    val.set_defaults(func=cmd_validate)
     for module in _PLUGINS:
         try:
             mod = importlib.import_module(module)

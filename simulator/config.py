@@ -82,7 +82,9 @@ def kv_blocks_per_replica(config: SimConfig, gpu_memory_bytes: int) -> int:
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     tp = config.tensor_parallel_size
-    activations = activation_bytes_estimate(config.model, config.max_num_batched_tokens, config.max_num_seqs, tp)
+    activations = activation_bytes_estimate(
+        config.model, config.max_num_batched_tokens, config.max_num_seqs, tp
+    )
     free = kv_free_bytes(gpu_memory_bytes, config.gpu_memory_utilization, config.model, tp, activations)
     blocks = num_kv_blocks(config.model, free, config.block_size, tp)
     if blocks <= 0:

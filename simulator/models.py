@@ -13,7 +13,11 @@ from engine.config import ModelSpec
 MODELS_DIR = Path(__file__).parent / "data" / "models"
 
 # Names as people write them, mapped onto the shipped preset files.
-_ALIASES = {"qwen/qwen3-0.6b": "qwen3-0.6b", "qwen/qwen3-8b": "qwen3-8b", "meta-llama/meta-llama-3-8b": "llama-3-8b"}
+_ALIASES = {
+    "qwen/qwen3-0.6b": "qwen3-0.6b",
+    "qwen/qwen3-8b": "qwen3-8b",
+    "meta-llama/meta-llama-3-8b": "llama-3-8b",
+}
 
 
 def preset_names() -> list[str]:
@@ -29,7 +33,9 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if path.exists():
         return ModelSpec.from_hf_config(path)
-    raise ValueError(f"model: {name_or_path!r} is neither a shipped preset {preset_names()} nor a model folder")
+    raise ValueError(
+        f"model: {name_or_path!r} is neither a shipped preset {preset_names()} nor a model folder"
+    )
 
 
 def _display_name(key: str) -> str:

@@ -89,10 +89,17 @@ def run_simulation(
     """Simulate `trace` on `config`: latency from `latency`, else `profile` (fitted), else roofline."""
     gpu = get_gpu(config.gpu)
     if latency is None:
-        latency = load_latency_model(profile, config.model, gpu, config.tensor_parallel_size, config.block_size)
+        latency = load_latency_model(
+            profile, config.model, gpu, config.tensor_parallel_size, config.block_size
+        )
     prof = getattr(latency, "profile", None)
     num_blocks = config.num_kv_blocks
-    if num_blocks is None and prof is not None and prof.num_kv_blocks and prof.block_size == config.block_size:
+    if (
+        num_blocks is None
+        and prof is not None
+        and prof.num_kv_blocks
+        and prof.block_size == config.block_size
+    ):
         num_blocks = prof.num_kv_blocks
     if num_blocks is None:
         num_blocks = kv_blocks_per_replica(config, gpu.memory_bytes)

@@ -17,7 +17,7 @@ import simpy
 
 from engine.block_manager import BlockManager
 from engine.scheduler import Scheduler, accumulate_decode_times
-from engine.sequence import REQUEST_FIELDS, SamplingParams, Sequence, SequenceStatus, request_record
+from engine.sequence import SamplingParams, Sequence, SequenceStatus, request_record
 from simulator.cluster import make_router
 from simulator.config import SimConfig
 from simulator.latency.base import LatencyModel
@@ -104,7 +104,9 @@ class Replica:
             if batch.is_empty:
                 self._finish_all(sched.postprocess(batch, ()))
                 if sched.has_unfinished() and sched.schedule().is_empty:
-                    raise RuntimeError(f"replica {self.index}: the scheduler made no progress at t={self.clock}")
+                    raise RuntimeError(
+                        f"replica {self.index}: the scheduler made no progress at t={self.clock}"
+                    )
                 continue
             step_s = latency.predict(batch).total
             end = self.clock + step_s
@@ -130,7 +132,9 @@ class Replica:
         if self.clock - self._last_sample >= self.config.timeline_interval_s:
             self._last_sample = self.clock
             s = self.scheduler
-            self.timeline.append((self.clock, self.index, self.block_manager.usage, s.num_running, s.num_waiting))
+            self.timeline.append(
+                (self.clock, self.index, self.block_manager.usage, s.num_running, s.num_waiting)
+            )
 
 
 @dataclass
@@ -161,7 +165,8 @@ def simulate(
     request_ids = df["request_id"].to_numpy().tolist()
     state = {"next": arrivals[0] if arrivals else math.inf}
     replicas = [
-        Replica(env, i, config, num_kv_blocks, latency, lambda: state["next"]) for i in range(config.num_replicas)
+        Replica(env, i, config, num_kv_blocks, latency, lambda: state["next"])
+        for i in range(config.num_replicas)
     ]
     router = make_router(config.router, replicas)
     vocab = config.model.vocab_size

@@ -31,7 +31,16 @@ TARGETS = {
     "ttft_p50_s": 0.10,
     "ttft_p99_s": 0.10,
 }
-REPORTED = (*TARGETS, "ttft_mean_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "e2e_mean_s", "e2e_p90_s")
+REPORTED = (
+    *TARGETS,
+    "ttft_mean_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "tpot_p99_s",
+    "e2e_mean_s",
+    "e2e_p90_s",
+)
 REQUIRED_FILES = ("run.json", "trace.parquet", "requests.parquet")
 
 
@@ -106,7 +115,9 @@ def step_residuals(steps: pd.DataFrame, latency) -> pd.DataFrame:
 def validate_run(run_dir: str | Path, profile: str | Path | None) -> Validation:
     meta, trace, real, steps = read_run(run_dir)
     config = sim_config_for(meta)
-    latency = load_latency_model(profile, config.model, config.gpu, config.tensor_parallel_size, config.block_size)
+    latency = load_latency_model(
+        profile, config.model, config.gpu, config.tensor_parallel_size, config.block_size
+    )
     sim = run_simulation(trace, config, latency=latency)
     real_summary = summarize(real)
     table = compare(real_summary, sim.summary)
@@ -117,12 +128,14 @@ def validate_run(run_dir: str | Path, profile: str | Path | None) -> Validation:
 def format_table(v: Validation) -> str:
     lines = [f"{'metric':<16}{'real':>12}{'sim':>12}{'error':>9}{'target':>8}  ok"]
     for r in v.table.itertuples(index=False):
-        target = f"{r.target:.0%}" if r.target else "-"
-        ok = "-" if r.ok is None else ("yes" if r.ok else "NO")
+        target = f"{r.target:.0%}" if pd.notna(r.target) else "-"
+        ok = "-" if r.ok is None or pd.isna(r.ok) else ("yes" if r.ok else "NO")
         lines.append(f"{r.metric:<16}{r.real:>12.4g}{r.sim:>12.4g}{r.rel_error:>+9.1%}{target:>8}  {ok}")
     if v.steps is not None:
         res = v.steps["residual"].abs()
-        lines.append(f"\nstep-time error: median {res.median():.1%}, p90 {res.quantile(0.9):.1%} over {len(res)} steps")
+        lines.append(
+            f"\nstep-time error: median {res.median():.1%}, p90 {res.quantile(0.9):.1%} over {len(res)} steps"
+        )
     return "\n".join(lines)
 
 
@@ -139,7 +152,9 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
     merged = v.real.merge(v.sim.requests, on="request_id", suffixes=("_real", "_sim"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (s)", "E2E (s)", "step time residual"))
     for col, name in ((1, "ttft_s"), (2, "e2e_s")):
-        fig.add_trace(go.Scattergl(x=merged[f"{name}_real"], y=merged[f"{name}_sim"], mode="markers", name=name), 1, col)
+        fig.add_trace(
+            go.Scattergl(x=merged[f"{name}_real"], y=merged[f"{name}_sim"], mode="markers", name=name), 1, col
+        )
     if v.steps is not None:
         fig.add_trace(go.Histogram(x=v.steps["residual"], name="residual", nbinsx=60), 1, 3)
     fig.update_layout(title=f"simulated vs real: {v.run_dir.name}", height=450)

@@ -13,9 +13,25 @@ from simulator.run import run_simulation
 
 GOLDEN = Path(__file__).parent / "golden_summary.json"
 KEYS = (
-    "num_requests", "num_finished", "num_rejected", "num_preemptions", "prefix_hit_rate", "duration_s",
-    "throughput_rps", "output_tok_s", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s", "tpot_mean_s",
-    "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s", "e2e_p99_s", "kv_usage_max", "sim_steps",
+    "num_requests",
+    "num_finished",
+    "num_rejected",
+    "num_preemptions",
+    "prefix_hit_rate",
+    "duration_s",
+    "throughput_rps",
+    "output_tok_s",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_mean_s",
+    "tpot_p99_s",
+    "itl_p50_s",
+    "itl_p99_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "kv_usage_max",
+    "sim_steps",
 )
 
 

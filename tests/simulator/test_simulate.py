@@ -11,14 +11,20 @@ from simulator.run import run_simulation
 
 
 def _run(trace, config, **kw):
-    return run_simulation(trace, config, latency=RooflineModel(config.model, config.gpu, config.tensor_parallel_size), **kw)
+    return run_simulation(
+        trace, config, latency=RooflineModel(config.model, config.gpu, config.tensor_parallel_size), **kw
+    )
 
 
 @pytest.mark.parametrize("policy", ["chunked", "prefill_first"])
-@pytest.mark.parametrize("replicas,router", [(1, "round_robin"), (3, "least_outstanding"), (2, "prefix_aware")])
+@pytest.mark.parametrize(
+    "replicas,router", [(1, "round_robin"), (3, "least_outstanding"), (2, "prefix_aware")]
+)
 def test_fast_forward_is_exact(prefix_trace, small_config, policy, replicas, router):
     a = _run(prefix_trace, small_config(policy=policy, num_replicas=replicas, router=router))
-    b = _run(prefix_trace, small_config(policy=policy, num_replicas=replicas, router=router, fast_forward=False))
+    b = _run(
+        prefix_trace, small_config(policy=policy, num_replicas=replicas, router=router, fast_forward=False)
+    )
     pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
     assert np.array_equal(a.itl[0], b.itl[0]) and np.array_equal(a.itl[1], b.itl[1])
     assert a.summary["sim_fast_forwarded_steps"] > a.summary["sim_steps"] / 3
@@ -42,10 +48,17 @@ def test_seeded_runs_are_bit_identical(prefix_trace, small_config):
 
 def test_requests_that_cannot_fit_are_rejected_and_counted(qwen06):
     df = pd.DataFrame(
-        {"request_id": [0, 1, 2], "arrival_s": [0.0, 0.1, 0.2], "prompt_len": [100, 5000, 300], "output_len": [10, 10, 10]}
+        {
+            "request_id": [0, 1, 2],
+            "arrival_s": [0.0, 0.1, 0.2],
+            "prompt_len": [100, 5000, 300],
+            "output_len": [10, 10, 10],
+        }
     )
     trace = traces.Trace(df, name="tiny")
-    cfg = SimConfig(model=qwen06, num_kv_blocks=50, block_size=16, max_model_len=4096, max_num_batched_tokens=512)
+    cfg = SimConfig(
+        model=qwen06, num_kv_blocks=50, block_size=16, max_model_len=4096, max_num_batched_tokens=512
+    )
     res = _run(trace, cfg)
     reasons = res.requests.set_index("request_id")["finish_reason"]
     assert reasons[0] == "length"
@@ -54,7 +67,9 @@ def test_requests_that_cannot_fit_are_rejected_and_counted(qwen06):
     assert res.summary["num_rejected"] == 1 and res.summary["num_finished"] == 2
     cfg_small = SimConfig(model=qwen06, num_kv_blocks=10, block_size=16, max_num_batched_tokens=512)
     res = _run(trace.with_frame(df.iloc[[2]].reset_index(drop=True)), cfg_small)
-    assert res.requests["finish_reason"][0].startswith("rejected: prompt of 300 tokens needs more than the 10")
+    assert res.requests["finish_reason"][0].startswith(
+        "rejected: prompt of 300 tokens needs more than the 10"
+    )
 
 
 def test_output_that_outgrows_the_cache_is_truncated_not_hung(qwen06):
@@ -75,7 +90,10 @@ def test_bad_configs_name_the_field(qwen06):
     with pytest.raises(ValueError, match="block_size"):
         SimConfig(model=qwen06, block_size=0)
     with pytest.raises(ValueError, match="max_num_batched_tokens .* must be >= max_num_seqs"):
-        _run(traces.generate(num_requests=3, seed=0), SimConfig(model=qwen06, max_num_seqs=64, max_num_batched_tokens=32))
+        _run(
+            traces.generate(num_requests=3, seed=0),
+            SimConfig(model=qwen06, max_num_seqs=64, max_num_batched_tokens=32),
+        )
 
 
 def test_model_too_big_for_the_gpu_is_a_clear_error():

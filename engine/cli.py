@@ -1,0 +1,165 @@
+"""`kvplan profile` and `kvplan replay`: the GPU-side commands of the calibration loop.
+
+Argument wiring only. Registering them imports no torch; running them needs the `engine` extra
+and, to mean anything, a GPU. `--random PRESET` makes a random-weight checkpoint of a real shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+PRESET_ARCH = {"qwen3-0.6b": "qwen3", "qwen3-8b": "qwen3", "llama-3-8b": "llama", "tiny": "qwen3"}
+
+
+def _engine_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="HF checkpoint folder (config.json + *.safetensors)")
+    src.add_argument(
+        "--random", choices=sorted(PRESET_ARCH), help="make a random-weight checkpoint of this shape"
+    )
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--backend", default="auto", choices=["auto", "flash_attn_cute", "flash_attn", "torch"])
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--max-model-len", type=int, default=16384)
+    p.add_argument("--policy", default="chunked", choices=["chunked", "prefill_first"])
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--gpu", default=None, help="GPU type to label results with (default: the one detected)")
+
+
+def detected_gpu(args: argparse.Namespace) -> str:
+    """The GPU type for the spec table: --gpu, else the CUDA device's name; a CPU run must say."""
+    import torch
+
+    from engine.replay import gpu_name
+
+    if args.gpu:
+        return args.gpu
+    if not torch.cuda.is_available():
+        raise ValueError("--gpu: no CUDA device here; name the GPU type these results stand for")
+    return gpu_name(torch.cuda.get_device_name())
+
+
+def _open_llm(args: argparse.Namespace, workdir: str):
+    import torch
+
+    from engine.checkpoint import make_random_checkpoint
+    from engine.llm import LLM
+
+    model_dir = args.model
+    if args.random:
+        model_dir = Path(workdir) / args.random
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        make_random_checkpoint(model_dir, arch=PRESET_ARCH[args.random], preset=args.random, device=device)
+    return LLM(
+        model_dir,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        policy=args.policy,
+        enable_prefix_caching=not args.no_prefix_caching,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        attention_backend=args.backend,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tp,
+    )
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from engine.profiling import run_profile
+    from simulator.latency.profile import fit_profile
+
+    detected_gpu(args)  # fail before the work, not after it
+
+    with tempfile.TemporaryDirectory() as tmp, _open_llm(args, tmp) as llm:
+        records = run_profile(llm, seed=args.seed, time_budget_s=args.time_budget)
+        if args.records:
+            records.to_parquet(args.records, index=False)
+        name = args.random or llm.spec.name
+        profile = fit_profile(
+            records,
+            model=llm.spec,
+            gpu=detected_gpu(args),
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            tp=args.tp,
+            block_size=args.block_size,
+            attention_backend=llm.attention_backend,
+            engine_version=_version(),
+            num_kv_blocks=llm.cache_config.num_blocks,
+            target=args.target,
+            extra={"model_name": name, "policy": args.policy, "num_steps": len(records)},
+        )
+    out = Path(args.out or f"{name.lower()}_{profile.gpu.lower()}_tp{args.tp}_bs{args.block_size}.json")
+    profile.save(out)
+    print(profile_report(profile))
+    print(f"wrote {out}")
+    return 0
+
+
+def profile_report(profile) -> str:
+    lines = [f"profile {profile.describe()}: {profile.num_records} steps fitted on {profile.target}"]
+    for kind in ("decode", "prefill"):
+        err = getattr(profile, kind).error
+        if err is not None:
+            lines.append(
+                f"  {kind:<8} held-back error: median {err.median_rel_error:.1%}, p90 {err.p90_rel_error:.1%} "
+                f"({err.n_test} held back of {err.n_train + err.n_test})"
+            )
+    return "\n".join(lines)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from engine.replay import replay_trace, write_replay
+    from simulator.cli import load_trace_arg
+
+    trace = load_trace_arg(args.trace, args.rate_scale, args.limit, args.window)
+    gpu = detected_gpu(args)
+    with tempfile.TemporaryDirectory() as tmp, _open_llm(args, tmp) as llm:
+        requests = replay_trace(llm, trace, progress=not args.quiet, max_wall_s=args.max_wall)
+        extra = {
+            "rate_scale": args.rate_scale,
+            "limit": args.limit,
+            "window": args.window,
+            "source": args.trace,
+            "gpu": gpu,
+        }
+        out = write_replay(llm, trace, requests, args.out, extra)
+    print(f"wrote {out}: {len(requests)} requests")
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvplan")
+    except PackageNotFoundError:
+        return "dev"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="(GPU) run a designed sweep of step shapes and fit a latency profile")
+    _engine_arguments(p)
+    p.add_argument("--out", default=None, help="profile JSON (default: MODEL_GPU_tpN_bsB.json)")
+    p.add_argument("--records", default=None, help="also save the step records (Parquet)")
+    p.add_argument("--time-budget", type=float, default=240.0, help="seconds of workloads at most")
+    p.add_argument("--target", default="wall_time_s", choices=["wall_time_s", "gpu_time_s"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_profile)
+    r = sub.add_parser("replay", help="(GPU) serve a trace in real time and write a replay folder")
+    _engine_arguments(r)
+    r.add_argument("--trace", required=True, help="shipped trace name or a trace file")
+    r.add_argument("--rate-scale", type=float, default=None)
+    r.add_argument("--limit", type=int, default=None)
+    r.add_argument("--window", default=None, help="START:END seconds of the trace")
+    r.add_argument("--out", required=True)
+    r.add_argument("--max-wall", type=float, default=None, help="abort after this many seconds")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=cmd_replay)
