@@ -62,6 +62,7 @@ class Replica:
         self.records: list[tuple] = []
         self.timeline: list[tuple] = []
         self.counters = SimCounters()
+        self.batch_log: list[tuple] | None = None  # per-step decisions, when asked (tests)
         self._last_sample = -math.inf
         self._wakeup: simpy.Event | None = None
         self.process = env.process(self.run())
@@ -101,6 +102,8 @@ class Replica:
                     self._sample()
                     continue
             batch = sched.schedule()
+            if self.batch_log is not None:
+                self.batch_log.append(batch_decisions(batch))
             if batch.is_empty:
                 self._finish_all(sched.postprocess(batch, ()))
                 if sched.has_unfinished() and sched.schedule().is_empty:
@@ -137,6 +140,16 @@ class Replica:
             )
 
 
+def batch_decisions(batch) -> tuple:
+    """What the scheduler decided in one step: who runs, how many tokens, prefix hits, preemptions."""
+    return (
+        tuple(s.seq_id for s in batch.seqs),
+        batch.num_scheduled_tokens,
+        batch.num_cached_tokens,
+        batch.preempted_seq_ids,
+    )
+
+
 @dataclass
 class SimRun:
     """Raw output of one run; `simulator.metrics` turns it into tables and a summary."""
@@ -155,6 +168,7 @@ def simulate(
     latency: LatencyModel,
     num_kv_blocks: int,
     progress: bool = False,
+    record_batches: bool = False,
 ) -> SimRun:
     """Replay `trace` (a traces.Trace) on `config.num_replicas` replicas; return the raw run."""
     t0 = time.perf_counter()
@@ -168,6 +182,9 @@ def simulate(
         Replica(env, i, config, num_kv_blocks, latency, lambda: state["next"])
         for i in range(config.num_replicas)
     ]
+    if record_batches:
+        for replica in replicas:
+            replica.batch_log = []
     router = make_router(config.router, replicas)
     vocab = config.model.vocab_size
 
