@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from engine.sequence import REQUEST_FIELDS
 from simulator.config import SimConfig, kv_blocks_per_replica
 from simulator.latency.base import LatencyModel
 from simulator.latency.gpus import get_gpu
 from simulator.latency.profile import load_latency_model
 from simulator.metrics import SLO, add_latencies, itl_histogram, summarize
-from simulator.sim import REQUEST_FIELDS, TIMELINE_FIELDS, SimRun, simulate
+from simulator.sim import TIMELINE_FIELDS, SimRun, simulate
 
 SHIPPED_PROFILE_DIR = Path(__file__).parent / "profiles"
 
