@@ -223,12 +223,9 @@ class Scheduler:
                 gap = now - last
                 itl[gap] = itl.get(gap, 0) + 1
             seq.last_token_time = now
-            if not seq.ignore_eos and token == seq.eos_token_id:
-                self._finish(seq, "stop", now, finished)
-            elif len(seq.token_ids) - seq.num_prompt_tokens >= seq.max_tokens:
-                self._finish(seq, "length", now, finished)
-            elif len(seq.token_ids) >= max_model_len:
-                self._finish(seq, "max_model_len", now, finished)
+            reason = _stop_reason(seq, token, max_model_len)
+            if reason is not None:
+                self._finish(seq, reason, now, finished)
         if finished:
             self.running = [s for s in self.running if s.status is RUNNING]
         return finished
@@ -332,35 +329,45 @@ class Scheduler:
         deadline: float,
         token_id: int = 0,
         max_steps: int = 1 << 30,
-    ) -> tuple[int, float]:
-        """Run, in one call, the decode-only steps that stepping one by one would run next, while no
-        request finishes, arrives (steps start before `deadline`), is admitted or is preempted.
+    ) -> tuple[int, float, list[Sequence]]:
+        """Run, in one call, the decode-only steps that stepping one by one would run next, up to the
+        first step in which a request finishes, while none is admitted or preempted and none arrives
+        (steps start before `deadline`).
 
         `decode_times(num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline)` gives
         the step end times as `accumulate_decode_times` defines them (a stepwise run adds each step's
         time to its clock in the same order), so timestamps, block ids, evictions, hashes and ITL
         are identical to stepping. Every sequence gets `token_id` at each step.
-        Returns (steps run, end time).
+        Returns (steps run, end time, requests finished in the last step).
         """
         running = self.running
         if not running or self._finished_outside_step or not self.waiting_blocked():
-            return 0, start
+            return 0, start, []
         k_max = self._decode_run_limit(max_steps)
         if k_max <= 0:
-            return 0, start
+            return 0, start, []
         context = sum(s.num_computed_tokens for s in running)
         max_len = max(s.num_computed_tokens for s in running) + 1
         times = decode_times(len(running), context, max_len, k_max, start, deadline)
         k, events = self._block_events(len(times) - 1)
         if k <= 0:
-            return 0, start
+            return 0, start, []
         end = float(times[k])
         self._apply_fast_forward(times[: k + 1], end, events, token_id)
-        return k, end
+        finished: list[Sequence] = []
+        if k == k_max:
+            max_model_len = self.config.max_model_len
+            for seq in running:
+                reason = _stop_reason(seq, token_id, max_model_len)
+                if reason is not None:
+                    self._finish(seq, reason, end, finished)
+            self.running = [s for s in running if s.status is RUNNING]
+        return k, end, finished
 
     def _decode_run_limit(self, max_steps: int) -> int:
-        """Decode steps that can run before a request finishes; 0 unless every running request is a
-        plain decode (one pending token, a token already out, EOS ignored, cache registered)."""
+        """Decode steps that can run until (and with) the first in which a request finishes; 0 unless
+        every running request is a plain decode (one pending token, a token already out, EOS
+        ignored, cache registered)."""
         bs = self.block_manager.block_size
         caching = self.block_manager.enable_prefix_caching
         max_model_len = self.config.max_model_len
@@ -372,7 +379,7 @@ class Scheduler:
                 return 0
             if caching and seq.num_cached_blocks != c // bs:
                 return 0
-            left = min(seq.max_tokens - n + seq.num_prompt_tokens, max_model_len - n) - 1
+            left = min(seq.max_tokens - n + seq.num_prompt_tokens, max_model_len - n)
             if left < k_max:
                 k_max = left
         return k_max
@@ -422,6 +429,17 @@ class Scheduler:
         for seq in running:
             seq.num_computed_tokens += k
             seq.last_token_time = end
+
+
+def _stop_reason(seq: Sequence, token: int, max_model_len: int) -> str | None:
+    """Why `seq` stops after sampling `token`, or None: EOS, max_tokens, max_model_len."""
+    if not seq.ignore_eos and token == seq.eos_token_id:
+        return "stop"
+    if len(seq.token_ids) - seq.num_prompt_tokens >= seq.max_tokens:
+        return "length"
+    if len(seq.token_ids) >= max_model_len:
+        return "max_model_len"
+    return None
 
 
 DecodeTimes = Callable[[int, int, int, int, float, float], Seq[float]]

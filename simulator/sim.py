@@ -92,13 +92,16 @@ class Replica:
                 self._wakeup = None
                 self.clock = max(self.clock, arrival_s)
             if self.config.fast_forward:
-                k, end = sched.fast_forward(self.decode_times, self.clock, self.next_arrival(), SIM_TOKEN_ID)
+                k, end, finished = sched.fast_forward(
+                    self.decode_times, self.clock, self.next_arrival(), SIM_TOKEN_ID
+                )
                 if k:
                     counters.num_fast_forwards += 1
                     counters.num_fast_forward_steps += k
                     counters.busy_s += end - self.clock
                     yield env.timeout(max(0.0, end - env.now))
                     self.clock = end
+                    self._finish_all(finished)
                     self._sample()
                     continue
             batch = sched.schedule()
