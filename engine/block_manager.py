@@ -176,6 +176,16 @@ class BlockManager:
             setdefault(hashes[i], table[i])
         seq.num_cached_blocks = num_full
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (between independent runs); only while no block is in use."""
+        if self.num_used_blocks:
+            raise RuntimeError(f"reset_prefix_cache: {self.num_used_blocks} blocks are still in use")
+        for block in self.blocks:
+            block.block_hash = None
+            block.token_src = None
+        self.hash_to_block_id.clear()
+        self.free_block_ids = OrderedDict.fromkeys(range(self.num_blocks))
+
     def free(self, seq: Sequence) -> None:
         """Release the blocks of `seq`, tail first, so that its prefix stays cached longest."""
         free_ids = self.free_block_ids

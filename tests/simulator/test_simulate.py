@@ -114,3 +114,19 @@ def test_kv_capacity_follows_the_engine_sizing_function(qwen06):
     act = activation_bytes_estimate(qwen06, cfg.max_num_batched_tokens, cfg.max_num_seqs, 2)
     expected = num_kv_blocks(qwen06, kv_free_bytes(gpu.memory_bytes, 0.9, qwen06, 2, act), 32, 2)
     assert kv_blocks_per_replica(cfg, gpu.memory_bytes) == expected > 0
+
+
+def test_reset_prefix_cache_forgets_every_prefix():
+    from engine.block_manager import BlockManager
+    from engine.sequence import SamplingParams, Sequence
+
+    bm = BlockManager(8, 4)
+    seq = Sequence(0, list(range(10)), SamplingParams())
+    assert bm.allocate_slots(seq, 10)
+    with pytest.raises(RuntimeError, match="3 blocks are still in use"):
+        bm.reset_prefix_cache()
+    bm.free(seq)
+    assert len(bm.lookup_prefix(Sequence(1, list(range(10)), SamplingParams()))) == 2
+    bm.reset_prefix_cache()
+    assert bm.lookup_prefix(Sequence(2, list(range(10)), SamplingParams())) == []
+    assert list(bm.free_block_ids) == list(range(8))

@@ -1,0 +1,110 @@
+"""Calibrate and prove on one GPU in one process: profile, then replay a light and a heavy window.
+
+Makes a random-weight checkpoint of a real shape, serves it with one LLM (one warm-up), runs the
+designed step-shape sweep (`engine.profiling`), fits and saves the profile, then replays two windows
+of a shipped trace in real time and writes replay folders for `kvplan validate`. Prints a table.
+Usage (GPU): PYTHONPATH=. python3 benchmarks/calibrate.py --out DIR [--preset qwen3-0.6b] [--block-size 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from engine.checkpoint import make_random_checkpoint
+from engine.cli import PRESET_ARCH, _version, profile_report
+from engine.llm import LLM
+from engine.profiling import run_profile
+from engine.replay import gpu_name, replay_trace, write_replay
+from simulator.cli import load_trace_arg
+from simulator.latency.profile import fit_profile
+
+# (name, trace window in seconds, rate scale): light = native rate, heavy = near saturation
+REPLAYS = (("light", "600:690", 1.0), ("heavy", "600:840", 8.0))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--preset", default="qwen3-0.6b", choices=sorted(PRESET_ARCH))
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="default: 131072 tokens' worth")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-model-len", type=int, default=16384)
+    p.add_argument("--profile-budget", type=float, default=120.0)
+    p.add_argument("--trace", default="azure_conv_2023")
+    p.add_argument("--no-replay", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    blocks = args.num_kv_blocks or 131072 // args.block_size
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        ckpt = make_random_checkpoint(
+            Path(tmp) / args.preset, PRESET_ARCH[args.preset], args.preset, device="cuda"
+        )
+        llm = LLM(
+            ckpt,
+            block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            num_kv_blocks=blocks,
+        )
+        rows.append(("engine ready (checkpoint + warm-up)", f"{time.perf_counter() - t0:.1f} s"))
+        t1 = time.perf_counter()
+        records = run_profile(llm, time_budget_s=args.profile_budget, progress=False)
+        tag = f"{args.preset}_h200_tp1_bs{args.block_size}"
+        records.to_parquet(out / f"steps_{tag}.parquet", index=False)
+        profile = fit_profile(
+            records,
+            model=llm.spec,
+            gpu=gpu_name(torch.cuda.get_device_name()),
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            tp=1,
+            block_size=args.block_size,
+            attention_backend=llm.attention_backend,
+            engine_version=_version(),
+            num_kv_blocks=blocks,
+            target="wall_time_s",
+            extra={"model_name": args.preset, "policy": "chunked", "source": "benchmarks/calibrate.py"},
+        )
+        profile.save(out / f"{tag}.json")
+        rows.append(("profile", f"{len(records)} steps in {time.perf_counter() - t1:.0f} s"))
+        print(profile_report(profile), flush=True)
+        for name, window, scale in () if args.no_replay else REPLAYS:
+            llm.recorder.reset()
+            llm.block_manager.reset_prefix_cache()  # the simulated twin starts with an empty cache
+            trace = load_trace_arg(args.trace, scale, None, window)
+            t2 = time.perf_counter()
+            requests = replay_trace(llm, trace, progress=False, max_wall_s=200)
+            extra = {
+                "source": args.trace,
+                "window": window,
+                "rate_scale": scale,
+                "gpu": gpu_name(torch.cuda.get_device_name()),
+            }
+            write_replay(llm, trace, requests, out / f"replay_{name}_bs{args.block_size}", extra)
+            done = requests["finish_reason"].isin(["length", "max_model_len"]).sum()
+            rows.append(
+                (
+                    f"replay {name} ({window} x{scale})",
+                    f"{done}/{len(trace)} done in {time.perf_counter() - t2:.0f} s, "
+                    f"{int(requests['num_preemptions'].sum())} preemptions",
+                )
+            )
+        llm.close()
+    (out / f"calibrate_bs{args.block_size}.json").write_text(json.dumps(dict(rows), indent=2) + "\n")
+    print("\n".join(f"{k:<40} {v}" for k, v in rows))
+
+
+if __name__ == "__main__":
+    main()
