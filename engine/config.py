@@ -101,7 +101,9 @@ class ModelSpec:
                 dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                rope_theta=float(
+                    cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4)
+                ),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 eos_token_id=eos[0] if isinstance(eos, list) else eos,
             )

@@ -1,0 +1,119 @@
+"""Engine throughput on nano-vllm's benchmark recipe (BENCHMARKS.md), plus single-stream decode.
+
+Random-weight Qwen3-0.6B (made on the spot unless --model-dir is given); 256 requests from
+random.seed(0): prompts of randint(100, 1024) tokens each randint(0, 10000), then max_tokens
+randint(100, 1024), EOS ignored, max_model_len 4096; one warm-up request first. Throughput is
+sum(max_tokens) over the wall time of the generate call. Writes the step records as Parquet.
+
+    PYTHONPATH=. python3 benchmarks/bench_throughput.py --block-size 256 --records out/steps.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from random import randint, seed
+
+from engine.llm import LLM
+from engine.sequence import SamplingParams
+
+
+def nano_vllm_workload(num_seqs: int = 256, max_input: int = 1024, max_output: int = 1024):
+    seed(0)
+    prompts = [[randint(0, 10000) for _ in range(randint(100, max_input))] for _ in range(num_seqs)]
+    params = [
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, max_output))
+        for _ in range(num_seqs)
+    ]
+    return prompts, params
+
+
+def single_stream_ms_per_token(llm: LLM, prompt_len: int = 128, max_tokens: int = 256) -> float:
+    """Median wall time of the decode steps of one request alone."""
+    llm.recorder.reset()
+    llm.generate([list(range(1, prompt_len + 1))], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                 use_tqdm=False)  # fmt: skip
+    df = llm.recorder.to_dataframe()
+    return float(df.loc[df["kind"] == "decode", "wall_time_s"].median() * 1e3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-dir", help="HF checkpoint folder (default: random Qwen3-0.6B in a temp dir)")
+    ap.add_argument("--block-size", type=int, default=256)
+    ap.add_argument("--policy", default="chunked", choices=["chunked", "prefill_first"])
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--records", help="write the timed run's step records here (.parquet or .csv)")
+    ap.add_argument("--json", help="write the summary here")
+    args = ap.parse_args()
+
+    model_dir = args.model_dir
+    if model_dir is None:
+        from engine.checkpoint import make_random_checkpoint
+
+        model_dir = make_random_checkpoint(
+            Path(tempfile.mkdtemp()) / "qwen3-0.6b", "qwen3", "qwen3-0.6b", seed=0, device="cuda"
+        )
+    t0 = time.perf_counter()
+    llm = LLM(
+        model_dir,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=4096,
+        policy=args.policy,
+        attention_backend=args.backend,
+        enforce_eager=args.enforce_eager,
+    )
+    start_s = time.perf_counter() - t0
+    prompts, params = nano_vllm_workload(args.num_seqs)
+    llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up request
+    llm.recorder.reset()
+    t = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t
+    total = sum(p.max_tokens for p in params)
+    df = llm.recorder.to_dataframe()
+    if args.records:
+        llm.recorder.save(args.records)
+    single = single_stream_ms_per_token(llm)
+    summary = {
+        "backend": llm.attention_backend,
+        "block_size": args.block_size,
+        "policy": args.policy,
+        "num_kv_blocks": llm.runner.num_kv_blocks,
+        "start_s": round(start_s, 1),
+        "output_tokens": total,
+        "wall_s": round(wall, 3),
+        "tok_per_s": round(total / wall, 1),
+        "steps": len(df),
+        "compiled_steps": int(df["compiled"].sum()),
+        "gpu_busy_frac": round(float(df["gpu_time_s"].sum() / df["wall_time_s"].sum()), 3),
+        "decode_step_ms_median": round(
+            float(df.loc[df["kind"] == "decode", "wall_time_s"].median() * 1e3), 2
+        ),
+        "single_stream_ms_per_token": round(single, 3),
+    }
+    llm.close()
+    kinds = df.groupby("kind").agg(
+        steps=("step", "size"),
+        seqs_mean=("num_seqs", "mean"),
+        wall_ms_median=("wall_time_s", lambda x: 1e3 * x.median()),
+        gpu_ms_median=("gpu_time_s", lambda x: 1e3 * x.median()),
+        wall_s_total=("wall_time_s", "sum"),
+    )
+    print(kinds.round(2).to_string())
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+    print("\n".join(f"{k:>28}  {v}" for k, v in summary.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The interface every attention backend implements: paged attention over the KV cache of one layer.
+
+The attention layer stores the step's K/V into the cache first, then calls `forward` with the new
+tokens' q/k/v, that layer's cache and the step's `AttentionMetadata`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend:
+    name = "base"
+    graph_safe = False  # True when forward() can be captured in a CUDA graph
+
+    @staticmethod
+    def supports_block_size(block_size: int) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        """Why this backend cannot run on `device`, or None when it can."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, H, D] new tokens' queries
+        k: torch.Tensor,  # [T, Hkv, D] new tokens' keys (already stored in the cache)
+        v: torch.Tensor,  # [T, Hkv, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, H, D]
+        raise NotImplementedError
+
+    def compile_count(self) -> int:
+        """Kernel variants compiled so far (grows when a step hits a new variant)."""
+        return 0

@@ -1,0 +1,179 @@
+"""Per-step model inputs and attention metadata, built in one place from a `ScheduledBatch`.
+
+`build_step_inputs` turns the scheduler's grants into flat int32 arrays (one host-to-device copy),
+and `set_forward_context` installs the step's `AttentionMetadata` for the attention layers, restoring
+the previous value on exit. Nothing here knows which attention backend runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import torch
+
+from engine.scheduler import ScheduledBatch
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything the attention backends need for one step, flat. Token rows follow `seqs` order."""
+
+    num_seqs: int
+    num_tokens: int
+    max_seqlen_q: int  # longest query (new tokens) of a sequence
+    max_seqlen_k: int  # longest context (cached + new tokens) of a sequence
+    has_context: bool  # some sequence attends to KV written before this step
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32, cumulative new tokens
+    cu_seqlens_k: torch.Tensor  # [B + 1] int32, cumulative context lengths
+    context_lens: torch.Tensor  # [B] int32, keys per sequence (FA4's seqused_k)
+    slot_mapping: torch.Tensor  # [T] int32, cache slot of each new token (-1: do not store)
+    block_tables: torch.Tensor  # [B, max_blocks] int32 (FA4's page_table)
+    query_lens_cpu: tuple[int, ...] = ()
+    context_lens_cpu: tuple[int, ...] = ()
+
+    @property
+    def seqused_k(self) -> torch.Tensor:
+        return self.context_lens
+
+    @property
+    def page_table(self) -> torch.Tensor:
+        return self.block_tables
+
+    @property
+    def is_decode(self) -> bool:
+        return self.max_seqlen_q == 1
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T] int32
+    positions: torch.Tensor  # [T] int32
+    logits_indices: torch.Tensor  # [S] int32: rows whose next token is sampled
+    temperatures: torch.Tensor  # [S] float32
+    top_ks: torch.Tensor  # [S] int32 (-1: off)
+    top_ps: torch.Tensor  # [S] float32
+    attn: AttentionMetadata
+    sampled_seq_indices: tuple[int, ...]  # which sequences of the batch the S rows belong to
+    all_greedy: bool
+    needs_top_k_top_p: bool
+
+
+_FORWARD_CONTEXT: ContextVar[AttentionMetadata | None] = ContextVar("kvplan_attn_metadata", default=None)
+
+
+@contextmanager
+def set_forward_context(metadata: AttentionMetadata) -> Iterator[AttentionMetadata]:
+    """Install `metadata` for the attention layers for the duration of a forward pass."""
+    token = _FORWARD_CONTEXT.set(metadata)
+    try:
+        yield metadata
+    finally:
+        _FORWARD_CONTEXT.reset(token)
+
+
+def get_forward_context() -> AttentionMetadata:
+    metadata = _FORWARD_CONTEXT.get()
+    if metadata is None:
+        raise RuntimeError("attention called outside set_forward_context(): no step metadata installed")
+    return metadata
+
+
+def build_step_inputs(
+    batch: ScheduledBatch,
+    block_size: int,
+    device: torch.device,
+    staging: torch.Tensor | None = None,
+) -> StepInputs:
+    """Model inputs and attention metadata of one step; `staging` is an optional pinned int32 buffer
+    through which the single host-to-device copy goes."""
+    b = batch.num_seqs
+    q = np.fromiter(batch.num_scheduled_tokens, np.int32, b)
+    c = np.fromiter(batch.num_computed_tokens, np.int32, b)
+    ctx = q + c
+    cu_q = np.zeros(b + 1, np.int32)
+    np.cumsum(q, out=cu_q[1:])
+    cu_k = np.zeros(b + 1, np.int32)
+    np.cumsum(ctx, out=cu_k[1:])
+    num_tokens = int(cu_q[-1])
+    seqs = batch.seqs
+    if num_tokens == b:  # every sequence computes one token (decodes and 1-token chunks)
+        input_ids = np.fromiter((s.token_ids[n] for s, n in zip(seqs, c.tolist())), np.int32, b)
+        positions = c
+        seq_of_token = np.arange(b)
+    else:
+        input_ids = np.fromiter(
+            chain.from_iterable(s.token_ids[i : i + n] for s, i, n in zip(seqs, c.tolist(), q.tolist())),
+            np.int32,
+            num_tokens,
+        )
+        seq_of_token = np.repeat(np.arange(b), q)
+        positions = (np.arange(num_tokens, dtype=np.int32) - np.repeat(cu_q[:-1] - c, q)).astype(np.int32)
+    width = max(len(s.block_table) for s in seqs)
+    tables = np.zeros((b, width), np.int32)
+    for i, s in enumerate(seqs):
+        tables[i, : len(s.block_table)] = s.block_table
+    slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+    sampled = tuple(i for i, d in enumerate(batch.do_sample) if d)
+    idx = np.asarray(sampled, np.int64)
+    logits_indices = cu_q[1:][idx] - 1 if sampled else np.zeros(0, np.int32)
+    params = [seqs[i].sampling_params for i in sampled]
+    temps = np.fromiter((p.temperature for p in params), np.float32, len(params))
+    top_ks = np.fromiter((p.top_k for p in params), np.int32, len(params))
+    top_ps = np.fromiter((p.top_p for p in params), np.float32, len(params))
+    parts = [
+        input_ids,
+        positions,
+        slots.astype(np.int32),
+        cu_q,
+        cu_k,
+        ctx,
+        logits_indices.astype(np.int32),
+        temps.view(np.int32),
+        top_ks,
+        top_ps.view(np.int32),
+        tables.reshape(-1),
+    ]
+    dev = _to_device(np.concatenate(parts), device, staging)
+    views = torch.split(dev, [len(p) for p in parts])
+    attn = AttentionMetadata(
+        num_seqs=b,
+        num_tokens=num_tokens,
+        max_seqlen_q=int(q.max()),
+        max_seqlen_k=int(ctx.max()),
+        has_context=bool(c.any()),
+        cu_seqlens_q=views[3],
+        cu_seqlens_k=views[4],
+        context_lens=views[5],
+        slot_mapping=views[2],
+        block_tables=views[10].view(b, width),
+        query_lens_cpu=tuple(q.tolist()),
+        context_lens_cpu=tuple(ctx.tolist()),
+    )
+    return StepInputs(
+        input_ids=views[0],
+        positions=views[1],
+        logits_indices=views[6],
+        temperatures=views[7].view(torch.float32),
+        top_ks=views[8],
+        top_ps=views[9].view(torch.float32),
+        attn=attn,
+        sampled_seq_indices=sampled,
+        all_greedy=bool((temps == 0).all()),
+        needs_top_k_top_p=bool(((top_ks > 0) | (top_ps < 1.0)).any()),
+    )
+
+
+def _to_device(packed: np.ndarray, device: torch.device, staging: torch.Tensor | None) -> torch.Tensor:
+    host = torch.from_numpy(packed)
+    if device.type == "cpu":
+        return host
+    if staging is not None and staging.numel() >= host.numel():
+        staged = staging[: host.numel()]
+        staged.copy_(host)
+        return staged.to(device, non_blocking=True)
+    return host.to(device)

@@ -1,0 +1,218 @@
+"""The offline LLM API and the engine loop: `schedule -> ModelRunner.run -> postprocess`, with the
+control plane's Scheduler and BlockManager (the very classes the simulator drives) on a
+`time.perf_counter` clock, and a StepRecorder timing every step.
+
+`generate()` serves a list of prompts to completion; `add_request` / `step` / `has_unfinished` let a
+caller drive the loop itself (real-time trace replay).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from engine.attention import select_backend
+from engine.block_manager import BlockManager
+from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig, check_tp
+from engine.loader import read_hf_config
+from engine.model_runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.step_recorder import StepRecorder
+
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class LLM:
+    """An engine over one HF checkpoint folder. Use as `with LLM(path) as llm: llm.generate(...)`."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        block_size: int = 16,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 16384,
+        max_model_len: int = 4096,
+        policy: str = "chunked",
+        enable_prefix_caching: bool = True,
+        gpu_memory_utilization: float = 0.9,
+        num_kv_blocks: int | None = None,
+        attention_backend: str = "auto",
+        enforce_eager: bool = False,
+        dtype: str | None = None,
+        device: str | None = None,
+        tensor_parallel_size: int = 1,
+        record_steps: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        hf_config = read_hf_config(self.model_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.scheduler_config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, policy)
+        self.parallel_config = ParallelConfig(tensor_parallel_size)
+        spec = ModelSpec.from_hf_config(hf_config, name=self.model_dir.name)
+        check_tp(spec, tensor_parallel_size)
+        tp_rank = _tp_rank(tensor_parallel_size)
+        torch_dtype = _resolve_dtype(dtype, spec, self.device)
+        self.spec = spec
+        backend = select_backend(attention_backend, self.device, block_size)
+        CacheConfig(block_size, num_kv_blocks, enable_prefix_caching, gpu_memory_utilization)  # validates
+        self.runner = ModelRunner(
+            self.model_dir,
+            hf_config,
+            spec,
+            backend,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            device=self.device,
+            dtype=torch_dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            num_kv_blocks=num_kv_blocks,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            tp_rank=tp_rank,
+            tp_size=tensor_parallel_size,
+        )
+        self.cache_config = CacheConfig(
+            block_size, self.runner.num_kv_blocks, enable_prefix_caching, gpu_memory_utilization
+        )
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, clock=time.perf_counter)
+        self.recorder = (
+            StepRecorder(tensor_parallel_size, block_size, cuda=self.device.type == "cuda")
+            if record_steps
+            else None
+        )
+        self.tokenizer = _load_tokenizer(self.model_dir)
+        self._compiles = self.runner.compile_count()  # kernel variants compiled before serving
+
+    @property
+    def attention_backend(self) -> str:
+        return self.runner.backend.name
+
+    # ---- lifetime -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the model, the KV cache and the graphs (idempotent)."""
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- step-level API -------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int],
+        sampling_params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> Sequence:
+        """Queue one request; returns its Sequence (REJECTED, with the reason, if it can never run)."""
+        token_ids = self.encode(prompt)
+        eos = self.spec.eos_token_id
+        return self.scheduler.add_request(token_ids, sampling_params or SamplingParams(), arrival_time, eos)
+
+    def step(self) -> list[Sequence]:
+        """Run one engine step; returns the sequences that finished in it."""
+        if self.runner is None:
+            raise RuntimeError("LLM is closed")
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            return self.scheduler.postprocess(batch, [])
+        recorder = self.recorder
+        timer = recorder.timer() if recorder is not None else None
+        tokens = self.runner.run(batch, timer)
+        finished = self.scheduler.postprocess(batch, tokens)
+        if recorder is not None:
+            compiles = self.runner.compile_count()
+            compiled, self._compiles = compiles != self._compiles, compiles
+            wall = time.perf_counter() - t0
+            recorder.record(batch, timer, wall, self.runner.last_graph_batch_size, compiled)
+        return finished
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- offline API ----------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Seq[str] | Seq[Seq[int]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Serve every prompt to completion; one dict per prompt, in order: `token_ids` (the output),
+        `finish_reason`, and `text` when the checkpoint has a tokenizer."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            raise TypeError("generate: pass a list of prompts (strings or token-id lists), not one prompt")
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"generate: {len(params)} sampling params for {len(prompts)} prompts")
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        bar = tqdm(total=len(seqs), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        bar.update(sum(s.status is SequenceStatus.REJECTED for s in seqs))
+        idle_steps = 0
+        while self.has_unfinished():
+            finished = self.step()
+            bar.update(len(finished))
+            idle_steps = 0 if finished or self.scheduler.num_running else idle_steps + 1
+            if idle_steps > 1000:
+                raise RuntimeError("generate: requests wait but none can be scheduled")
+        bar.close()
+        return [self._output(s) for s in seqs]
+
+    def _output(self, seq: Sequence) -> dict[str, Any]:
+        out: dict[str, Any] = {"token_ids": seq.output_token_ids, "finish_reason": seq.finish_reason}
+        if self.tokenizer is not None:
+            out["text"] = self.tokenizer.decode(seq.output_token_ids)
+        return out
+
+    def encode(self, prompt: str | Seq[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"{self.model_dir}: no tokenizer in the checkpoint folder; pass token ids")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+
+def _resolve_dtype(dtype: str | None, spec: ModelSpec, device: torch.device) -> torch.dtype:
+    """The asked-for dtype; by default the checkpoint's on a GPU and float32 on a CPU."""
+    name = dtype or (spec.dtype if device.type == "cuda" else "float32")
+    if name not in _TORCH_DTYPES:
+        raise ValueError(f"dtype: {name!r} is not one of {sorted(_TORCH_DTYPES)}")
+    return _TORCH_DTYPES[name]
+
+
+def _tp_rank(tp: int) -> int:
+    if tp == 1:
+        return 0
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != tp:
+        raise ValueError(
+            f"tensor_parallel_size={tp}: start one process per rank with torch.distributed initialised "
+            f"(world size {tp}); the engine does not spawn them itself yet"
+        )
+    return dist.get_rank()
+
+
+def _load_tokenizer(model_dir: Path):
+    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)

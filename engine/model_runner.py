@@ -1,0 +1,358 @@
+"""ModelRunner: turns a `ScheduledBatch` into sampled token ids on one device.
+
+It owns the model, the KV cache, the sampler and the decode CUDA graphs. At start it loads the
+weights, sizes the KV cache from the memory a warm-up forward leaves (CUDA) or takes the given block
+count (CPU), compiles every kernel variant a run can hit, and captures the graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.attention import AttentionBackend
+from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
+from engine.config import ModelSpec, cdiv, num_kv_blocks
+from engine.kv_cache import KVCache
+from engine.loader import load_weights
+from engine.models import model_class
+from engine.sampler import Sampler
+from engine.scheduler import ScheduledBatch, make_batch
+from engine.sequence import SamplingParams, Sequence
+
+DEFAULT_CPU_KV_BLOCKS = 512
+GRAPH_MEMORY_RESERVE = 512 << 20  # bytes kept back for the decode graphs' memory pool
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    return [b for b in (1, 2, 4, 8) if b <= max_num_seqs] + list(range(16, max_num_seqs + 1, 16))
+
+
+@dataclasses.dataclass
+class _GraphBuffers:
+    """Static inputs the decode graphs read; a replay copies the step's values into them."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    context_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    block_tables: torch.Tensor
+
+    def metadata(self, bs: int, max_model_len: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            num_seqs=bs,
+            num_tokens=bs,
+            max_seqlen_q=1,
+            max_seqlen_k=max_model_len,
+            has_context=True,
+            cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
+            cu_seqlens_k=self.cu_seqlens_q[: bs + 1],  # unused by decode kernels
+            context_lens=self.context_lens[:bs],
+            slot_mapping=self.slot_mapping[:bs],
+            block_tables=self.block_tables[:bs],
+        )
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        hf_config: dict[str, Any],
+        spec: ModelSpec,
+        backend: AttentionBackend,
+        *,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        gpu_memory_utilization: float = 0.9,
+        num_kv_blocks: int | None = None,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        tp_rank: int | None = None,
+        tp_size: int = 1,
+    ) -> None:
+        self.spec, self.backend, self.device, self.dtype = spec, backend, device, dtype
+        self.block_size, self.max_num_seqs = block_size, max_num_seqs
+        self.max_num_batched_tokens, self.max_model_len = max_num_batched_tokens, max_model_len
+        self.tp_size = tp_size
+        self.cuda = device.type == "cuda"
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graph_sizes: list[int] = []
+        self.graph_outputs: dict[int, torch.Tensor] = {}
+        self.graph_buffers: _GraphBuffers | None = None
+        self.last_graph_batch_size = 0
+        self.kv_cache: KVCache | None = None
+        self.model = self._load_model(model_dir, hf_config, tp_rank, tp_size)
+        self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
+        self.staging = self._staging_buffer()
+        self.kv_cache = self._allocate_kv_cache(num_kv_blocks, gpu_memory_utilization, enforce_eager)
+        self.kv_cache.bind(self.model.attention_layers(), backend)
+        self.warmup()
+        if self.cuda and not enforce_eager and getattr(backend, "graph_safe", False):
+            self.capture_cudagraphs()
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    # ---- start-up -------------------------------------------------------------------------------
+    def _load_model(self, model_dir, hf_config, tp_rank, tp_size) -> torch.nn.Module:
+        cls = model_class(self.spec.architecture)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = cls(hf_config, self.spec, tp_rank, tp_size)
+        finally:
+            torch.set_default_dtype(previous)
+        load_weights(model, model_dir)
+        model.eval()
+        if self.cuda:
+            for module in model.modules():
+                if hasattr(module, "use_compile"):
+                    module.use_compile = True
+        return model
+
+    def _staging_buffer(self) -> torch.Tensor | None:
+        if not self.cuda:
+            return None
+        width = cdiv(self.max_model_len, self.block_size)
+        n = 3 * (self.max_num_batched_tokens + self.max_num_seqs) + self.max_num_seqs * (width + 8) + 16
+        return torch.empty(n, dtype=torch.int32, pin_memory=True)
+
+    def _allocate_kv_cache(self, num_blocks: int | None, utilization: float, enforce_eager: bool) -> KVCache:
+        if num_blocks is None:
+            num_blocks = (
+                self.profile_num_blocks(utilization, enforce_eager) if self.cuda else DEFAULT_CPU_KV_BLOCKS
+            )
+        return self._new_kv_cache(num_blocks)
+
+    def _new_kv_cache(self, num_blocks: int) -> KVCache:
+        attn = self.model.attention_layers()[0]
+        return KVCache(
+            self.spec.num_layers,
+            num_blocks,
+            self.block_size,
+            attn.num_kv_heads,
+            attn.head_dim,
+            self.dtype,
+            self.device,
+        )
+
+    def profile_num_blocks(self, utilization: float, enforce_eager: bool) -> int:
+        """Run a forward of max_num_batched_tokens on a scratch cache, then size the real cache from
+        what is left of `utilization` x the GPU's memory."""
+        lengths = _split(self.max_num_batched_tokens, self.max_model_len)
+        scratch = self._new_kv_cache(sum(cdiv(n, self.block_size) for n in lengths) + self.max_num_seqs + 1)
+        scratch.bind(self.model.attention_layers(), self.backend)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        self.run(self._dummy_prefill(lengths, scratch.num_blocks, sample_rows=self.max_num_seqs))
+        torch.cuda.synchronize()
+        activation = torch.cuda.max_memory_allocated() - base
+        scratch.release(self.model.attention_layers())
+        del scratch
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        non_torch = (total - free) - torch.cuda.memory_reserved()
+        budget = total * utilization - non_torch - torch.cuda.memory_allocated() - activation
+        if not enforce_eager:
+            budget -= GRAPH_MEMORY_RESERVE
+        spec = dataclasses.replace(self.spec, dtype=str(self.dtype).removeprefix("torch."))
+        blocks = num_kv_blocks(spec, int(budget), self.block_size, self.tp_size)
+        if blocks <= 0:
+            raise RuntimeError(
+                f"no memory left for the KV cache: {total * utilization / 2**30:.1f} GiB usable, weights "
+                f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB, activations {activation / 2**30:.1f} GiB"
+            )
+        return blocks
+
+    # ---- warm-up --------------------------------------------------------------------------------
+    def warmup(self) -> None:
+        """Run one step of each kind the scheduler can produce (prefill, prefill over a cached prefix,
+        short chunks, mixed, decode; greedy and random sampling) so their kernels compile now."""
+        bs, n_blocks = self.block_size, self.kv_cache.num_blocks
+        long_len = min(self.max_model_len, self.max_num_batched_tokens, 2 * bs + 100, n_blocks * bs // 2)
+        for batch in self._warmup_batches(long_len):
+            if max(len(s.block_table) for s in batch.seqs) > n_blocks:
+                continue
+            self.run(batch)
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def _warmup_batches(self, long_len: int) -> list[ScheduledBatch]:
+        bs, greedy, sampled = self.block_size, SamplingParams(temperature=0), SamplingParams(temperature=1.0)
+        topk = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
+        prefix = (long_len // 2) // bs * bs
+        batches = [
+            self._dummy_prefill([long_len, max(1, long_len // 3)], self.kv_cache.num_blocks, params=greedy),
+            self._dummy_batch([(long_len, prefix)], params=sampled),  # prefill over a cached prefix
+            self._dummy_batch([(min(long_len, prefix + 32), prefix), (prefix + 1, prefix)], params=topk),
+            self._dummy_batch([(long_len, long_len - 1), (long_len, prefix)], params=greedy),  # mixed
+        ]
+        for n in sorted({1, 2, min(self.max_num_seqs, 64), self.max_num_seqs}):
+            batches.append(self._dummy_batch([(long_len, long_len - 1)] * n, params=greedy))
+        return batches
+
+    def _dummy_prefill(
+        self, lengths: list[int], num_blocks: int, sample_rows: int = 0, params: SamplingParams | None = None
+    ) -> ScheduledBatch:
+        greedy = SamplingParams(temperature=0)
+        batch = self._dummy_batch([(n, 0) for n in lengths], params or greedy, num_blocks)
+        if sample_rows > len(lengths):  # also size the logits of a full decode batch
+            extra = [(2, 1)] * (sample_rows - len(lengths))
+            batch = _concat(batch, self._dummy_batch(extra, SamplingParams(temperature=1.0), num_blocks))
+        return batch
+
+    def _dummy_batch(
+        self, shapes: list[tuple[int, int]], params: SamplingParams, num_blocks: int | None = None
+    ) -> ScheduledBatch:
+        """(tokens, computed) per sequence; each sequence gets its own run of blocks from block 0
+        (wrapping around `num_blocks`, by default the KV cache's)."""
+        num_blocks = num_blocks or self.kv_cache.num_blocks
+        seqs, next_block = [], 0
+        for i, (n, _) in enumerate(shapes):
+            seq = Sequence(i, [(7 * i + j) % self.spec.vocab_size for j in range(n)], params)
+            nb = cdiv(n, self.block_size)
+            seq.block_table = [(next_block + j) % num_blocks for j in range(nb)]
+            next_block += nb
+            seqs.append(seq)
+        computed = [c for _, c in shapes]
+        return make_batch(seqs, [n - c for n, c in shapes], computed, [0] * len(seqs), [], next_block)
+
+    # ---- CUDA graphs ----------------------------------------------------------------------------
+    def capture_cudagraphs(self) -> None:
+        sizes = graph_batch_sizes(self.max_num_seqs)
+        if not sizes:
+            return
+        max_bs, width = sizes[-1], cdiv(self.max_model_len, self.block_size)
+        i32 = dict(dtype=torch.int32, device=self.device)
+        buf = _GraphBuffers(
+            input_ids=torch.zeros(max_bs, **i32),
+            positions=torch.zeros(max_bs, **i32),
+            slot_mapping=torch.full((max_bs,), -1, **i32),
+            context_lens=torch.ones(max_bs, **i32),
+            cu_seqlens_q=torch.arange(max_bs + 1, **i32),
+            block_tables=torch.zeros(max_bs, width, **i32),
+        )
+        pool = None
+        with torch.inference_mode():
+            for bs in reversed(sizes):
+                with set_forward_context(buf.metadata(bs, self.max_model_len)):
+                    self.model(buf.input_ids[:bs], buf.positions[:bs])  # compile outside the capture
+                    self.graphs[bs], self.graph_outputs[bs], pool = self._capture(bs, buf, pool)
+        self.graph_buffers = buf
+        self.graph_sizes = sorted(self.graphs)
+
+    def _capture(self, bs: int, buf: _GraphBuffers, pool: Any) -> tuple[Any, torch.Tensor, Any]:
+        """Capture the decode forward of `bs` sequences; returns (graph, its output, memory pool)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = self.model(buf.input_ids[:bs], buf.positions[:bs])
+        torch.cuda.synchronize()
+        return graph, out, graph.pool() if pool is None else pool
+
+    def _graph_size(self, batch: ScheduledBatch) -> int:
+        if not self.graphs or batch.kind != "decode" or not all(batch.do_sample):
+            return 0
+        return next((bs for bs in self.graph_sizes if bs >= batch.num_seqs), 0)
+
+    def _replay(self, inputs: StepInputs, bs: int) -> torch.Tensor:
+        buf, md, n = self.graph_buffers, inputs.attn, inputs.attn.num_seqs
+        buf.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
+        buf.positions[:n].copy_(inputs.positions, non_blocking=True)
+        buf.slot_mapping[:n].copy_(md.slot_mapping, non_blocking=True)
+        buf.context_lens[:n].copy_(md.context_lens, non_blocking=True)
+        buf.block_tables[:n, : md.block_tables.shape[1]].copy_(md.block_tables, non_blocking=True)
+        if bs > n:
+            buf.slot_mapping[n:bs].fill_(-1)
+            buf.context_lens[n:bs].fill_(1)
+        self.graphs[bs].replay()
+        return self.graph_outputs[bs][:n]
+
+    # ---- one step -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch, timer: Any = None) -> list[int]:
+        """Compute the batch's tokens; returns one token id per sequence (-1 where none is sampled)."""
+        if timer is not None:
+            timer.start()
+        logits, inputs = self.compute_logits(batch)
+        tokens = None
+        if inputs.sampled_seq_indices:
+            top_ks = inputs.top_ks if inputs.needs_top_k_top_p else None
+            top_ps = inputs.top_ps if inputs.needs_top_k_top_p else None
+            tokens = self.sampler(logits, inputs.temperatures, top_ks, top_ps, all_greedy=inputs.all_greedy)
+        if timer is not None:
+            timer.stop()
+        out = [-1] * batch.num_seqs
+        if tokens is not None:
+            for i, t in zip(inputs.sampled_seq_indices, tokens.tolist()):
+                out[i] = t
+        return out
+
+    @torch.inference_mode()
+    def compute_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, StepInputs]:
+        """Forward the batch (decode through a CUDA graph when one fits); logits of the rows that
+        sample, in batch order (None when no row samples)."""
+        inputs = build_step_inputs(batch, self.block_size, self.device, self.staging)
+        graph_bs = self._graph_size(batch)
+        if graph_bs:
+            hidden = self._replay(inputs, graph_bs)
+        else:
+            with set_forward_context(inputs.attn):
+                hidden = self.model(inputs.input_ids, inputs.positions)
+            hidden = hidden[inputs.logits_indices]
+        self.last_graph_batch_size = graph_bs
+        logits = self.model.compute_logits(hidden) if inputs.sampled_seq_indices else None
+        return logits, inputs
+
+    def compile_count(self) -> int:
+        """Kernel variants compiled so far (attention backend + torch.compile graphs)."""
+        count = self.backend.compile_count()
+        if self.cuda:
+            from torch._dynamo.utils import counters
+
+            count += counters["stats"]["unique_graphs"]
+        return count
+
+    def close(self) -> None:
+        self.graphs.clear()
+        self.graph_sizes = []
+        self.graph_outputs.clear()
+        self.graph_buffers = None
+        if self.kv_cache is not None:
+            self.kv_cache.release(self.model.attention_layers())
+        self.kv_cache = None
+        self.model = None
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
+def _split(total: int, max_len: int) -> list[int]:
+    """`total` tokens as sequences of at most `max_len`."""
+    full, rest = divmod(total, max_len)
+    return [max_len] * full + ([rest] if rest else [])
+
+
+def _concat(a: ScheduledBatch, b: ScheduledBatch) -> ScheduledBatch:
+    """One dummy batch of both (b's sequences renumbered after a's blocks)."""
+    offset = a.num_kv_blocks_used
+    for s in b.seqs:
+        s.block_table = [x + offset for x in s.block_table]
+    return make_batch(
+        list(a.seqs) + list(b.seqs),
+        list(a.num_scheduled_tokens) + list(b.num_scheduled_tokens),
+        list(a.num_computed_tokens) + list(b.num_computed_tokens),
+        [0] * (a.num_seqs + b.num_seqs),
+        [],
+        offset + b.num_kv_blocks_used,
+    )

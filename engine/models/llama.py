@@ -1,0 +1,155 @@
+"""Llama-family decoder (Llama 3 style: GQA, SwiGLU, RMSNorm, rotary with config scaling) over a flat
+batch of tokens; Qwen3 reuses it with per-head q/k RMSNorm. Parameter names follow HF checkpoints,
+with q/k/v and gate/up merged (`packed_modules_mapping` tells the loader how)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.config import ModelSpec
+from engine.layers.activation import SiluAndMul
+from engine.layers.attention import Attention
+from engine.layers.distributed import resolve_tp
+from engine.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from engine.layers.layernorm import RMSNorm
+from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.layers.rotary import RotaryEmbedding, rope_parameters
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        layer_idx: int,
+        spec: ModelSpec,
+        rotary: RotaryEmbedding,
+        bias: bool,
+        qk_norm: bool,
+        tp: tuple[int, int],
+    ) -> None:
+        super().__init__()
+        d = spec.head_dim
+        self.qkv_proj = QKVParallelLinear(spec.hidden_size, d, spec.num_heads, spec.num_kv_heads, bias, *tp)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size, self.head_dim = self.num_heads * d, self.num_kv_heads * d, d
+        self.o_proj = RowParallelLinear(spec.num_heads * d, spec.hidden_size, bias, *tp)
+        self.rotary_emb = rotary
+        self.attn = Attention(layer_idx, self.num_heads, self.num_kv_heads, d, d**-0.5)
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = RMSNorm(d, spec.rms_norm_eps)
+            self.k_norm = RMSNorm(d, spec.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, spec: ModelSpec, bias: bool, tp: tuple[int, int]) -> None:
+        super().__init__()
+        inter = spec.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [inter, inter], bias, *tp)
+        self.down_proj = RowParallelLinear(inter, spec.hidden_size, bias, *tp)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, layer_idx: int, spec: ModelSpec, rotary: RotaryEmbedding, cfg: dict[str, Any], qk_norm: bool, tp
+    ) -> None:
+        super().__init__()
+        attn_bias = bool(cfg.get("attention_bias", False))
+        self.self_attn = LlamaAttention(layer_idx, spec, rotary, attn_bias, qk_norm, tp)
+        self.mlp = LlamaMLP(spec, bool(cfg.get("mlp_bias", False)), tp)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, spec: ModelSpec, cfg: dict[str, Any], qk_norm: bool, tp: tuple[int, int]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, *tp)
+        rotary = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, rope_parameters(cfg))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(i, spec, rotary, cfg, qk_norm, tp) for i in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden_states, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """HF `LlamaForCausalLM`: `forward(input_ids, positions)` -> hidden states of every token,
+    `compute_logits(hidden)` -> logits over the full vocabulary."""
+
+    qk_norm = False
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(
+        self,
+        hf_config: dict[str, Any],
+        spec: ModelSpec,
+        tp_rank: int | None = None,
+        tp_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        check_supported(hf_config)
+        tp = resolve_tp(tp_rank, tp_size)
+        self.model = LlamaModel(spec, hf_config, self.qk_norm, tp)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, *tp)
+        self.tie_word_embeddings = spec.tie_word_embeddings
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)
+
+    def attention_layers(self) -> list[Attention]:
+        """The attention layers in layer-index order (what the KV cache binds to)."""
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+
+def check_supported(cfg: dict[str, Any]) -> None:
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"config.json: hidden_act {act!r} is not supported (only 'silu')")
+    if cfg.get("use_sliding_window"):
+        raise ValueError("config.json: use_sliding_window=true is not supported")
+    rope_parameters(cfg)  # raises on an unsupported rope_type

@@ -1,0 +1,170 @@
+"""StepRecorder: one row per engine step — the batch's shape and its measured time — for fitting
+the simulator's latency model. Columns are CONTRACT.md's "Step record columns".
+
+GPU time comes from CUDA event pairs that are resolved lazily in batches (no sync per step); on a
+CPU the "device" time is the forward's host time. A step that compiled a kernel is flagged.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+from engine.scheduler import ScheduledBatch
+
+COLUMNS = (
+    "step",
+    "kind",
+    "num_seqs",
+    "num_prefill_seqs",
+    "num_decode_seqs",
+    "total_num_scheduled_tokens",
+    "num_prefill_tokens",
+    "total_num_cached_tokens",
+    "num_context_tokens",
+    "max_seq_len",
+    "prefill_attn_work",
+    "num_kv_blocks_used",
+    "graph_batch_size",
+    "tp",
+    "block_size",
+    "gpu_time_s",
+    "wall_time_s",
+    "compiled",
+)
+_RESOLVE_EVERY = 512
+
+
+class StepTimer:
+    """Marks the start and end of a step's device work (CUDA events, or host clock on CPU)."""
+
+    __slots__ = ("start_event", "end_event", "t0", "t1")
+
+    def __init__(self, cuda: bool) -> None:
+        self.start_event = torch.cuda.Event(enable_timing=True) if cuda else None
+        self.end_event = torch.cuda.Event(enable_timing=True) if cuda else None
+        self.t0 = self.t1 = math.nan
+
+    def start(self) -> None:
+        if self.start_event is not None:
+            self.start_event.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.end_event is not None:
+            self.end_event.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        if self.start_event is None:
+            return self.t1 - self.t0
+        self.end_event.synchronize()
+        return self.start_event.elapsed_time(self.end_event) / 1e3
+
+
+class StepRecorder:
+    """Collects step rows. `compiled` is set when the engine saw a new kernel variant compile, or when
+    a step's wall time exceeds `compile_ratio` x the median of recent steps of its kind (and
+    `compile_min_s`): the fallback for compilations nobody reports."""
+
+    def __init__(
+        self,
+        tp: int = 1,
+        block_size: int = 16,
+        cuda: bool = False,
+        compile_ratio: float = 10.0,
+        compile_min_s: float = 0.5,
+    ) -> None:
+        self.tp, self.block_size, self.cuda = tp, block_size, cuda
+        self.compile_ratio, self.compile_min_s = compile_ratio, compile_min_s
+        self._rows: list[list] = []
+        self._pending: list[tuple[int, StepTimer]] = []
+        self._spare: list[StepTimer] = []
+        self._recent: dict[str, deque[float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def timer(self) -> StepTimer:
+        return self._spare.pop() if self._spare else StepTimer(self.cuda)
+
+    def record(
+        self,
+        batch: ScheduledBatch,
+        timer: StepTimer,
+        wall_time_s: float,
+        graph_batch_size: int = 0,
+        compiled: bool = False,
+    ) -> None:
+        compiled = compiled or self._looks_compiled(batch.kind, wall_time_s)
+        self._rows.append(
+            [
+                len(self._rows),
+                batch.kind,
+                batch.num_seqs,
+                batch.num_prefill_seqs,
+                batch.num_decode_seqs,
+                batch.total_num_scheduled_tokens,
+                batch.num_prefill_tokens,
+                batch.total_num_cached_tokens,
+                batch.num_context_tokens,
+                batch.max_seq_len,
+                batch.prefill_attn_work,
+                batch.num_kv_blocks_used,
+                graph_batch_size,
+                self.tp,
+                self.block_size,
+                math.nan,
+                wall_time_s,
+                compiled,
+            ]
+        )
+        self._pending.append((len(self._rows) - 1, timer))
+        if len(self._pending) >= _RESOLVE_EVERY:
+            self._resolve()
+
+    def _looks_compiled(self, kind: str, wall: float) -> bool:
+        recent = self._recent.get(kind)
+        if recent is None:
+            recent = self._recent[kind] = deque(maxlen=32)
+        slow = wall > self.compile_min_s and len(recent) >= 3
+        if slow and wall > self.compile_ratio * statistics.median(recent):
+            return True
+        recent.append(wall)
+        return False
+
+    def _resolve(self) -> None:
+        gpu_col = COLUMNS.index("gpu_time_s")
+        for row, timer in self._pending:
+            self._rows[row][gpu_col] = timer.seconds()
+            self._spare.append(timer)
+        self._pending.clear()
+
+    def reset(self) -> None:
+        self._resolve()
+        self._rows.clear()
+        self._recent.clear()
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        self._resolve()
+        return pd.DataFrame(self._rows, columns=list(COLUMNS))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the rows as Parquet (or CSV when `path` ends in .csv)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        df = self.to_dataframe()
+        if path.suffix == ".csv":
+            df.to_csv(path, index=False)
+        else:
+            df.to_parquet(path, index=False)
+        return path

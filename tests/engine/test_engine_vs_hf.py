@@ -1,0 +1,144 @@
+"""The engine (torch backend, float32, CPU) reproduces HF transformers' greedy tokens exactly, under
+both scheduling policies, with prefix caching on and off, under forced preemption, at block sizes
+16 and 256, with small token budgets that force chunked prefills and mixed steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import MAX_NEW_TOKENS, make_prompts
+
+from engine.llm import LLM
+from engine.sequence import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+
+
+def run_engine(path, **kwargs) -> tuple[list[list[int]], LLM]:
+    opts = dict(
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=512,
+        num_kv_blocks=128,
+        attention_backend="torch",
+        device="cpu",
+    )
+    opts.update(kwargs)
+    llm = LLM(path, **opts)
+    outputs = llm.generate(make_prompts(), GREEDY, use_tqdm=False)
+    return [o["token_ids"] for o in outputs], llm
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("policy", ["chunked", "prefill_first"])
+@pytest.mark.parametrize("caching", [True, False])
+def test_matches_hf_greedy(checkpoints, hf_greedy, arch, policy, caching):
+    tokens, llm = run_engine(checkpoints[arch], policy=policy, enable_prefix_caching=caching)
+    with llm:
+        assert tokens == hf_greedy[arch]
+        hits = llm.block_manager.num_prefix_hit_tokens
+        assert (hits > 0) == caching
+        kinds = set(llm.recorder.to_dataframe()["kind"])
+        assert {"prefill", "decode"} <= kinds
+        if policy == "chunked":
+            assert "mixed" in kinds
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_block_size_256(checkpoints, hf_greedy, arch):
+    tokens, llm = run_engine(checkpoints[arch], block_size=256, num_kv_blocks=16, max_num_batched_tokens=128)
+    with llm:
+        assert tokens == hf_greedy[arch]
+        assert llm.block_manager.num_prefix_hit_tokens >= 256
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("policy", ["chunked", "prefill_first"])
+def test_forced_preemption(checkpoints, hf_greedy, arch, policy):
+    # 78 blocks of 4 tokens: every request fits alone, but not all running ones at once
+    tokens, llm = run_engine(
+        checkpoints[arch], policy=policy, block_size=4, num_kv_blocks=78, max_num_batched_tokens=128
+    )
+    with llm:
+        assert llm.scheduler.num_preemptions > 0
+        assert tokens == hf_greedy[arch]
+
+
+def test_eager_and_graph_flags_on_cpu(checkpoints):
+    """On a CPU nothing is captured: every step is eager (graph_batch_size 0)."""
+    _, llm = run_engine(checkpoints["qwen3"])
+    with llm:
+        df = llm.recorder.to_dataframe()
+        assert (df["graph_batch_size"] == 0).all()
+        assert df["gpu_time_s"].notna().all()
+
+
+def test_decode_graph_buffers_on_cpu(checkpoints, hf_greedy, monkeypatch):
+    """The CUDA-graph decode path (static buffers, padding to the graph size, FA4-style metadata)
+    run on a CPU: 'graphs' replay the model eagerly on the static buffers, attention is the FA4
+    backend over a plain-torch fake of flash_attn.cute's varlen call."""
+    from test_engine_attention_backends import fake_fa4_varlen
+
+    from engine.attention.fa4 import FlashAttnCuteBackend
+    from engine.attention.metadata import set_forward_context
+    from engine.model_runner import ModelRunner
+
+    class EagerGraph:
+        def __init__(self, runner, bs, buf):
+            self.run = lambda: runner.model(buf.input_ids[:bs], buf.positions[:bs])
+            self.metadata = buf.metadata(bs, runner.max_model_len)
+            with set_forward_context(self.metadata):
+                self.out = self.run()
+
+        def replay(self):
+            with set_forward_context(self.metadata):
+                self.out.copy_(self.run())
+
+    def eager_capture(self, bs, buf, pool):
+        graph = EagerGraph(self, bs, buf)
+        return graph, graph.out, pool
+
+    monkeypatch.setattr(ModelRunner, "_capture", eager_capture)
+    llm = LLM(checkpoints["llama"], block_size=16, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512,
+              num_kv_blocks=128, attention_backend="torch", device="cpu")  # fmt: skip
+    with llm:
+        runner = llm.runner
+        runner.backend = FlashAttnCuteBackend(varlen_fn=fake_fa4_varlen)
+        runner.kv_cache.bind(runner.model.attention_layers(), runner.backend)
+        runner.capture_cudagraphs()
+        assert runner.graph_sizes == [1, 2, 4]
+        outputs = llm.generate(make_prompts(), GREEDY, use_tqdm=False)
+        assert [o["token_ids"] for o in outputs] == hf_greedy["llama"]
+        df = llm.recorder.to_dataframe()
+        used = set(df.loc[df["kind"] == "decode", "graph_batch_size"])
+        assert {1, 2, 4} <= used | {1, 2}  # graphs of several sizes, padded batches included
+        assert (
+            df.loc[df["kind"] == "decode", "graph_batch_size"] >= df.loc[df["kind"] == "decode", "num_seqs"]
+        ).all()
+
+
+def test_kv_sizing_from_measured_memory(checkpoints, monkeypatch):
+    """The CUDA sizing path, run on a CPU with torch.cuda's memory queries faked: a scratch-cache
+    forward of max_num_batched_tokens, then the control plane's num_kv_blocks on what is left."""
+    from engine.config import ModelSpec, kv_block_bytes
+
+    gib = 1 << 30
+    fake = {
+        "synchronize": lambda *a: None,
+        "reset_peak_memory_stats": lambda *a: None,
+        "empty_cache": lambda: None,
+        "memory_allocated": lambda *a: 2 * gib,
+        "max_memory_allocated": lambda *a: 3 * gib,  # 1 GiB of activations
+        "memory_reserved": lambda *a: 4 * gib,
+        "mem_get_info": lambda *a: (10 * gib, 16 * gib),  # 6 GiB used: 2 GiB outside torch
+    }
+    _, llm = run_engine(checkpoints["qwen3"])
+    with llm:
+        for name, fn in fake.items():
+            monkeypatch.setattr(torch.cuda, name, fn)
+        blocks = llm.runner.profile_num_blocks(0.5, enforce_eager=False)
+        spec = ModelSpec.from_hf_config(checkpoints["qwen3"])
+        budget = 8 * gib - 2 * gib - 2 * gib - 1 * gib - (512 << 20)
+        assert blocks == budget // kv_block_bytes(spec, 16)
+        assert all(a.k_cache is None for a in llm.runner.model.attention_layers())  # scratch released
