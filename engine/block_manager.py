@@ -11,7 +11,7 @@ from collections import OrderedDict
 from engine.config import cdiv
 from engine.sequence import Sequence
 
-_ROOT_HASH = 0x6B76706C616E  # chain seed for a sequence's first block
+ROOT_HASH = 0x6B76706C616E  # chain seed for a sequence's first block
 
 
 class Block:
@@ -71,7 +71,7 @@ class BlockManager:
         """The hash chain of the first `num_blocks` full blocks of `seq` (memoised on the sequence)."""
         hashes = seq.block_hashes
         bs, tokens = self.block_size, seq.token_ids
-        prev = hashes[-1] if hashes else _ROOT_HASH
+        prev = hashes[-1] if hashes else ROOT_HASH
         for i in range(len(hashes), num_blocks):
             prev = hash((prev, tuple(tokens[i * bs : (i + 1) * bs])))
             hashes.append(prev)
@@ -169,11 +169,13 @@ class BlockManager:
         tokens, table, blocks = seq.token_ids, seq.block_table, self.blocks
         setdefault = self.hash_to_block_id.setdefault
         for i in range(seq.num_cached_blocks, num_full):
-            block = blocks[table[i]]
+            block_id = table[i]
+            if setdefault(hashes[i], block_id) != block_id:
+                continue  # a copy of a cached block: no lookup reaches it, so it stays uncached
+            block = blocks[block_id]
             block.block_hash = hashes[i]
             block.token_src = tokens
             block.token_offset = i * bs
-            setdefault(hashes[i], table[i])
         seq.num_cached_blocks = num_full
 
     def reset_prefix_cache(self) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from engine.block_manager import BlockManager
+from engine.block_manager import ROOT_HASH, BlockManager
 from engine.config import SchedulerConfig, cdiv
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
 
@@ -296,6 +296,10 @@ class Scheduler:
                     break
                 n = step.budget
             if not bm.allocate_slots(seq, num_cached + n, hits):
+                if not self.running and not step.seqs:  # every block is free and it still does not fit
+                    waiting.popleft()
+                    self._finish(seq, "kv_capacity", self.clock(), self._finished_outside_step)
+                    continue
                 break
             waiting.popleft()
             bm.record_prefix_query(seq.num_tokens, num_cached)
@@ -350,6 +354,9 @@ class Scheduler:
         max_len = max(s.num_computed_tokens for s in running) + 1
         times = decode_times(len(running), context, max_len, k_max, start, deadline)
         k, events = self._block_events(len(times) - 1)
+        if self.waiting and self.block_manager.enable_prefix_caching:
+            k = self._stop_before_new_hit(k, token_id)
+            events = [e for e in events if e[0] <= k]
         if k <= 0:
             return 0, start, []
         end = float(times[k])
@@ -407,6 +414,27 @@ class Scheduler:
             events = [e for e in events if e[0] <= k]
         events.sort()
         return k, events
+
+    def _stop_before_new_hit(self, k: int, token_id: int) -> int:
+        """Cap a run of k steps before the step in which a running request would register the
+        block that extends the waiting head's cached prefix (stepping would re-check admission)."""
+        bm, head = self.block_manager, self.waiting[0]
+        bs = bm.block_size
+        h = len(bm.lookup_prefix(head))
+        if h >= (head.num_tokens - 1) // bs:
+            return k  # no further full block of the head could hit
+        hashes = bm.block_hashes(head, h + 1)
+        prev = hashes[h - 1] if h else ROOT_HASH
+        for seq in self.running:
+            if seq.num_cached_blocks != h or (h and seq.block_hashes[h - 1] != prev):
+                continue
+            step = (h + 1) * bs - seq.num_computed_tokens  # the step that fills its block h
+            if step <= k:
+                tokens = seq.token_ids[h * bs : (h + 1) * bs]
+                tokens += [token_id] * (bs - len(tokens))
+                if hash((prev, tuple(tokens))) == hashes[h]:
+                    k = step - 1
+        return k
 
     def _apply_fast_forward(
         self, times: Seq[float], end: float, events: list[tuple[int, int]], token_id: int
@@ -506,7 +534,8 @@ class PrefillFirstPolicy(Policy):
                 if sched._allocate_or_preempt(seq, seq.num_computed_tokens + n, step):
                     step.add(seq, n)
                 break
-        sched._admit_waiting(step, chunk_first_only=True)
+        if not step.preempted:  # a chunk that preempted itself must not be re-admitted at once
+            sched._admit_waiting(step, chunk_first_only=True)
         if not step.seqs:
             sched._schedule_running(step)
         return step
