@@ -24,8 +24,17 @@ from engine.replay import gpu_name, replay_trace, write_replay
 from simulator.cli import load_trace_arg
 from simulator.latency.profile import fit_profile
 
-# (name, trace window in seconds, rate scale): light = native rate, heavy = near saturation
-REPLAYS = (("light", "600:690", 1.0), ("heavy", "600:840", 8.0))
+# name=START:END@RATE_SCALE: light = native rate, heavy = near saturation with preemptions
+DEFAULT_REPLAYS = "light=600:690@1,heavy=600:840@8"
+
+
+def parse_replays(text: str) -> list[tuple[str, str, float]]:
+    out = []
+    for item in filter(None, text.split(",")):
+        name, rest = item.split("=")
+        window, scale = rest.split("@")
+        out.append((name, window, float(scale)))
+    return out
 
 
 def main() -> None:
@@ -39,16 +48,19 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--profile-budget", type=float, default=120.0)
     p.add_argument("--trace", default="azure_conv_2023")
-    p.add_argument("--no-replay", action="store_true")
+    p.add_argument("--replays", default=DEFAULT_REPLAYS, help="name=START:END@SCALE,... ('' for none)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     blocks = args.num_kv_blocks or 131072 // args.block_size
     rows = []
+    cuda = torch.cuda.is_available()
+    gpu = gpu_name(torch.cuda.get_device_name()) if cuda else "H200"  # a CPU run is a dry run only
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
+        device = "cuda" if cuda else "cpu"
         ckpt = make_random_checkpoint(
-            Path(tmp) / args.preset, PRESET_ARCH[args.preset], args.preset, device="cuda"
+            Path(tmp) / args.preset, PRESET_ARCH[args.preset], args.preset, device=device
         )
         llm = LLM(
             ckpt,
@@ -61,12 +73,12 @@ def main() -> None:
         rows.append(("engine ready (checkpoint + warm-up)", f"{time.perf_counter() - t0:.1f} s"))
         t1 = time.perf_counter()
         records = run_profile(llm, time_budget_s=args.profile_budget, progress=False)
-        tag = f"{args.preset}_h200_tp1_bs{args.block_size}"
+        tag = f"{args.preset}_{gpu.lower()}_tp1_bs{args.block_size}"
         records.to_parquet(out / f"steps_{tag}.parquet", index=False)
         profile = fit_profile(
             records,
             model=llm.spec,
-            gpu=gpu_name(torch.cuda.get_device_name()),
+            gpu=gpu,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             tp=1,
@@ -80,7 +92,7 @@ def main() -> None:
         profile.save(out / f"{tag}.json")
         rows.append(("profile", f"{len(records)} steps in {time.perf_counter() - t1:.0f} s"))
         print(profile_report(profile), flush=True)
-        for name, window, scale in () if args.no_replay else REPLAYS:
+        for name, window, scale in parse_replays(args.replays):
             llm.recorder.reset()
             llm.block_manager.reset_prefix_cache()  # the simulated twin starts with an empty cache
             trace = load_trace_arg(args.trace, scale, None, window)
@@ -90,7 +102,7 @@ def main() -> None:
                 "source": args.trace,
                 "window": window,
                 "rate_scale": scale,
-                "gpu": gpu_name(torch.cuda.get_device_name()),
+                "gpu": gpu,
             }
             write_replay(llm, trace, requests, out / f"replay_{name}_bs{args.block_size}", extra)
             done = requests["finish_reason"].isin(["length", "max_model_len"]).sum()

@@ -26,7 +26,13 @@ from simulator.config import ROUTERS, SimConfig
 from simulator.latency.base import LatencyModel
 from simulator.latency.gpus import canonical_gpu_name, get_gpu
 from simulator.metrics import SLO
-from simulator.plan import cost_per_hour, cost_per_million_tokens, describe_violations, parse_objectives, violations
+from simulator.plan import (
+    cost_per_hour,
+    cost_per_million_tokens,
+    describe_violations,
+    parse_objectives,
+    violations,
+)
 from simulator.run import run_simulation
 
 KEY_VERSION = 1
@@ -102,7 +108,18 @@ class TraceSpec:
         if self.window_s is not None:
             w = self.window_s
             if len(w) != 2 or not _is_number(w[0]) or not (w[1] is None or _is_number(w[1])):
-                raise ValueError(f"trace.window_s: must be [start, end] in seconds (end may be null), got {w!r}")
+                raise ValueError(
+                    f"trace.window_s: must be [start, end] in seconds (end may be null), got {w!r}"
+                )
+        if self.generate is not None:
+            import traces
+
+            # Unknown or bad generator keys fail now: one request is enough to check the whole spec.
+            probe = {k: v for k, v in self.generate.items() if k != "duration_s"}
+            try:
+                traces.generate({**probe, "num_requests": 1})
+            except ValueError as e:
+                raise ValueError(f"trace.generate: {e}") from None
 
     @classmethod
     def from_value(cls, value: Any, base_dir: Path | None = None) -> TraceSpec:
@@ -253,7 +270,8 @@ class SweepSpec:
 
     def point_key(self, point: Mapping[str, Any]) -> str:
         return point_key(
-            {"trace": self.trace.as_dict(), "model": self.model, "profile": self.profile, "slo": self.slo}, point
+            {"trace": self.trace.as_dict(), "model": self.model, "profile": self.profile, "slo": self.slo},
+            point,
         )
 
 
@@ -340,7 +358,12 @@ def simulate_point(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
     `point` holds axis values and optionally `rate_scale` (replay that many times faster).
     """
     t0 = time.perf_counter()
-    row: dict[str, Any] = {"trace": ctx.trace_label, "model": ctx.model, "profile": ctx.profile, "slo": ctx.slo}
+    row: dict[str, Any] = {
+        "trace": ctx.trace_label,
+        "model": ctx.model,
+        "profile": ctx.profile,
+        "slo": ctx.slo,
+    }
     row.update(point)
     try:
         config = point_config(ctx.model, point)
@@ -350,7 +373,9 @@ def simulate_point(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
             import traces
 
             trace = traces.scale_rate(trace, factor=float(scale))
-        profile = profile_for(ctx.profile, ctx.model, config.gpu, config.block_size, config.tensor_parallel_size)
+        profile = profile_for(
+            ctx.profile, ctx.model, config.gpu, config.block_size, config.tensor_parallel_size
+        )
         latency = ctx.latency(config) if ctx.latency is not None else None
         slo = SLO.parse(ctx.slo) if ctx.slo else None
         result = run_simulation(trace, config, profile=profile, latency=latency, slo=slo)
@@ -367,7 +392,7 @@ def simulate_point(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
             row["slo_failed"] = describe_violations(failed)
         row["error"] = None
         row["error_type"] = None
-    except Exception as e:  # noqa: BLE001 - a point that cannot run is recorded, not fatal
+    except Exception as e:  # a point that cannot run is recorded, not fatal
         row["error"] = str(e) or type(e).__name__
         row["error_type"] = type(e).__name__
     row["wall_s"] = time.perf_counter() - t0
@@ -501,7 +526,7 @@ class PointRunner:
                     i = refs[ref]
                     try:
                         row = ray.get(ref)
-                    except Exception as e:  # noqa: BLE001 - a lost worker: record it, retry on resume
+                    except Exception as e:  # a lost worker: record it, retry on resume
                         row = {**points[i], "error": f"ray task failed: {e}", "error_type": type(e).__name__}
                     yield i, row
         finally:
@@ -539,7 +564,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         return []
     try:
         df = pd.read_parquet(path)
-    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+    except Exception as e:  # pyarrow raises several types for a bad file
         raise ValueError(f"{path}: cannot read the existing sweep output ({e}); move it away") from None
     if "key" not in df.columns:
         raise ValueError(f"{path}: not a kvplan sweep output (no 'key' column); move it away")

@@ -67,7 +67,7 @@ def workloads(draw) -> Workload:
     tok = st.integers(0, 50)  # 0 is the token every fast-forwarded step samples: runs may make hits
     prefixes = draw(st.lists(st.lists(tok, max_size=2 * block_size + 5), min_size=1, max_size=3))
     arrivals, t = [], 0.0
-    for i in range(draw(st.integers(1, 12))):
+    for _ in range(draw(st.integers(1, 12))):
         t += draw(st.sampled_from([0.0, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2]))
         prompt = draw(st.sampled_from(prefixes)) + draw(st.lists(tok, max_size=10))
         prompt = prompt or [0]
