@@ -25,7 +25,7 @@ from simulator.cli import load_trace_arg
 from simulator.latency.profile import fit_profile
 
 # name=START:END@RATE_SCALE: light = native rate, heavy = near saturation with preemptions
-DEFAULT_REPLAYS = "light=600:690@1,heavy=600:840@8"
+DEFAULT_REPLAYS = "light=600:660@1,heavy=600:840@8"
 
 
 def parse_replays(text: str) -> list[tuple[str, str, float]]:

@@ -1,8 +1,9 @@
 """A designed sweep of step shapes run through the real engine, recorded for the latency fit.
 
-Decode batches over a grid of batch sizes and contexts (prompts share a prefix so the prefill that
-sets them up is cheap), prefill chunks with and without cached prefixes, and, for the chunked
-policy, mixed steps. Everything goes through `LLM` exactly as serving does (CUDA graphs included).
+Decode batches over a grid of batch sizes and contexts (distinct prompts: shared ones would read
+their KV from L2 and look cheaper than serving), prefill chunks with and without cached prefixes,
+mixed steps (decodes plus a prefill chunk), then two short synthetic-traffic replays so the serving
+loop's own shapes are in the fit. All of it goes through `LLM` exactly as serving does.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ class Workload:
     prompt_len: int
     max_tokens: int
     shared_prefix_len: int = 0
+    chunk_len: int = 0  # mixed: prompt length of the requests that join the running decodes
 
 
 def design(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, kv_tokens: int, policy: str):
     """The sweep: every workload fits the KV cache and the batch limits."""
-    batches = [b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b <= max_num_seqs]
-    contexts = [c for c in (128, 512, 1024, 2048, 4096, 8192) if c + DECODE_STEPS < max_model_len]
+    batches = [b for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b <= max_num_seqs]
+    contexts = [c for c in (128, 512, 1024, 2048, 4096) if c + DECODE_STEPS < max_model_len]
     out = [
-        Workload("decode", b, c, DECODE_STEPS, shared_prefix_len=max(0, c - 16))
+        Workload("decode", b, c, DECODE_STEPS)
         for c in contexts
         for b in batches
         if b * (c + DECODE_STEPS) <= 0.8 * kv_tokens
@@ -52,7 +54,13 @@ def design(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, k
                         Workload("prefill_cached", k, n, 1, shared_prefix_len=min(4096, max_model_len // 2))
                     )
     if policy == "chunked":
-        out += [Workload("mixed", b, n, 24) for b in (8, 32, 128) if b <= max_num_seqs for n in (256, 2048)]
+        out += [
+            Workload("mixed", b, c, 32, chunk_len=n)
+            for b in (4, 32, 128)
+            for c in (256, 2048)
+            for n in (64, 512, 4096)
+            if b <= max_num_seqs and n <= max_num_batched_tokens and b * (c + 64) + 6 * n <= 0.8 * kv_tokens
+        ]
     return out
 
 
@@ -69,20 +77,39 @@ def _run(llm, w: Workload, rng: np.random.Generator, vocab: int) -> None:
     if w.kind != "mixed":
         llm.generate(prompts, params, use_tqdm=False)
         return
-    # Mixed: decodes running, then one new prefill per step joins them.
+    # Mixed: decodes running, then a new request joins each step, its prompt chunked into them.
     for p in prompts:
-        llm.add_request(p[:64], params)
-    for _ in range(4):
+        llm.add_request(p, params)
+    sched = llm.scheduler
+    while sched.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in sched.running):
         llm.step()
-    for p in prompts[: w.num_seqs // 2]:
-        llm.add_request(p, SamplingParams(max_tokens=1, ignore_eos=True))
+    join = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    for _ in range(6):
+        llm.add_request(rng.integers(0, vocab, w.chunk_len).tolist(), join)
         llm.step()
     while llm.has_unfinished():
         llm.step()
 
 
-def run_profile(llm, seed: int = 0, time_budget_s: float = 240.0, progress: bool = True) -> pd.DataFrame:
-    """Run the designed sweep on `llm` within `time_budget_s`; return its step records."""
+def serving_traces(max_model_len: int) -> list:
+    """Synthetic traffic shaped like conversation traces, light then heavy (never a validation trace)."""
+    import traces
+
+    lengths = dict(
+        prompt={"kind": "lognormal", "p50": 1000, "p90": 2700, "min": 16, "max": max_model_len // 2},
+        output={"kind": "lognormal", "p50": 130, "p90": 420, "min": 4, "max": max_model_len // 4},
+    )
+    return [
+        traces.generate(name="calib-light", duration_s=20, rate=5.0, seed=101, **lengths),
+        traces.generate(name="calib-heavy", duration_s=8, rate=40.0, seed=102, **lengths),
+    ]
+
+
+def run_profile(
+    llm, seed: int = 0, time_budget_s: float = 240.0, progress: bool = True, serving: bool = True
+) -> pd.DataFrame:
+    """Run the designed sweep on `llm` within `time_budget_s` (then, with `serving`, two short
+    synthetic-traffic replays); return its step records."""
     cfg = llm.scheduler_config
     kv_tokens = llm.cache_config.num_blocks * llm.cache_config.block_size
     work = design(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, kv_tokens, cfg.policy)
@@ -94,4 +121,9 @@ def run_profile(llm, seed: int = 0, time_budget_s: float = 240.0, progress: bool
             print(f"profile: time budget of {time_budget_s:.0f} s reached; {len(work)} workloads planned")
             break
         _run(llm, w, rng, vocab)
+    if serving:
+        from engine.replay import replay_trace
+
+        for trace in serving_traces(cfg.max_model_len):
+            replay_trace(llm, trace, progress=False, max_wall_s=120)
     return llm.recorder.to_dataframe()

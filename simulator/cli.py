@@ -132,6 +132,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from engine.cli import profile_report
+    from simulator.latency.profile import LatencyProfile, fit_profile
+
+    records = pd.read_parquet(args.records)
+    like = LatencyProfile.load(args.like)
+    profile = fit_profile(
+        records,
+        model=like.model_spec(),
+        gpu=like.gpu,
+        max_num_seqs=like.max_num_seqs,
+        max_num_batched_tokens=like.max_num_batched_tokens,
+        tp=like.tp,
+        block_size=like.block_size,
+        attention_backend=like.attention_backend,
+        engine_version=like.engine_version,
+        num_kv_blocks=like.num_kv_blocks,
+        target=args.target,
+        loss=args.loss,
+        extra={**like.extra, "records": Path(args.records).name, "refit_of": Path(args.like).name},
+    )
+    profile.save(args.out)
+    print(profile_report(profile))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvplan", description="Capacity planning for LLM serving.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -154,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default=None, help="folder for report.html, validation.json, sim_requests.parquet"
     )
     val.set_defaults(func=cmd_validate)
+    fit = sub.add_parser("fit", help="fit a latency profile on engine step records (metadata from --like)")
+    fit.add_argument("--records", required=True, help="step records Parquet (kvplan profile --records)")
+    fit.add_argument("--like", required=True, help="profile JSON whose model/GPU/limits metadata to keep")
+    fit.add_argument("--loss", default="absolute", choices=["absolute", "relative"])
+    fit.add_argument("--target", default="wall_time_s", choices=["wall_time_s", "gpu_time_s"])
+    fit.add_argument("--out", required=True)
+    fit.set_defaults(func=cmd_fit)
     for module in _PLUGINS:
         try:
             mod = importlib.import_module(module)

@@ -324,8 +324,17 @@ def _check_graph_sizes(decode: pd.DataFrame, gmax: int) -> None:
         )
 
 
+LOSSES = ("absolute", "relative")
+
+
 def _fit_kind(
-    x: np.ndarray, y: np.ndarray, features: tuple[str, ...], seed: int, holdout_fraction: float, kind: str
+    x: np.ndarray,
+    y: np.ndarray,
+    features: tuple[str, ...],
+    seed: int,
+    holdout_fraction: float,
+    kind: str,
+    loss: str = "absolute",
 ) -> LinearFit:
     n, k = x.shape
     n_test = int(round(n * holdout_fraction))
@@ -336,11 +345,13 @@ def _fit_kind(
         )
     order = np.random.default_rng(seed).permutation(n)
     test, train = order[:n_test], order[n_test:]
-    # Minimise relative error: weight each row by 1 / measured time; scale columns to unit norm.
-    a = x[train] / y[train, None]
+    # "absolute" minimises squared seconds, so long steps (which dominate a simulated run's clock)
+    # weigh most; "relative" weights each row by 1 / measured time. Columns scaled to unit norm.
+    w = 1.0 / y[train] if loss == "relative" else np.ones(len(train))
+    a = x[train] * w[:, None]
     scale = np.linalg.norm(a, axis=0)
     scale[scale == 0] = 1.0
-    coef = nnls(a / scale, np.ones(len(train))) / scale
+    coef = nnls(a / scale, y[train] * w) / scale
     check = test if n_test else train
     rel = np.abs(x[check] @ coef - y[check]) / y[check]
     error = FitError(
@@ -361,11 +372,12 @@ def fit_step_records(
     target: str = "auto",
     holdout_fraction: float = 0.25,
     seed: int = 0,
+    loss: str = "absolute",
 ) -> FittedModel:
     """Fit a `FittedModel` on step records (a DataFrame with CONTRACT.md's step-record columns).
 
     Drops `compiled` and `empty` steps; fits `target` ("auto": gpu_time_s, else wall_time_s) by
-    non-negative least squares on relative error; holds back `holdout_fraction` of each kind's
+    non-negative least squares on `loss` ("absolute" seconds or "relative" error); holds back `holdout_fraction` of each kind's
     steps (a permutation seeded by `seed`) to measure the error. Decode batch sizes are padded to
     CUDA-graph sizes up to `max_graph_batch_size` (default: from `max_num_seqs`, else the records'
     largest `graph_batch_size`; 0 when the records show no graphs).
@@ -379,6 +391,8 @@ def fit_step_records(
         )
     if not 0 <= holdout_fraction < 1:
         raise ValueError(f"holdout_fraction: must be in [0, 1), got {holdout_fraction}")
+    if loss not in LOSSES:
+        raise ValueError(f"loss: {loss!r} is not one of {list(LOSSES)}")
     frame = records.reset_index(drop=True)
     kinds = frame["kind"].astype(str)
     unknown = ~kinds.isin(["prefill", "decode", "mixed", "empty"]).to_numpy()
@@ -413,10 +427,10 @@ def fit_step_records(
     _check_graph_sizes(dec, gmax)
     y = used[target_column].to_numpy(dtype=np.float64)
     decode_fit = _fit_kind(
-        decode_features(dec, gmax), y[is_decode], DECODE_FEATURES, seed, holdout_fraction, "decode"
+        decode_features(dec, gmax), y[is_decode], DECODE_FEATURES, seed, holdout_fraction, "decode", loss
     )
     prefill_fit = _fit_kind(
-        prefill_features(pre), y[~is_decode], PREFILL_FEATURES, seed, holdout_fraction, "prefill/mixed"
+        prefill_features(pre), y[~is_decode], PREFILL_FEATURES, seed, holdout_fraction, "prefill/mixed", loss
     )
     summary = FitSummary(
         target=target_column,

@@ -260,6 +260,7 @@ def fit_profile(
     target: str = "auto",
     holdout_fraction: float = 0.25,
     seed: int = 0,
+    loss: str = "absolute",
     created: str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> LatencyProfile:
@@ -271,6 +272,7 @@ def fit_profile(
         target=target,
         holdout_fraction=holdout_fraction,
         seed=seed,
+        loss=loss,
     )
     return LatencyProfile.from_fit(
         fitted,
@@ -284,7 +286,7 @@ def fit_profile(
         engine_version=engine_version,
         num_kv_blocks=num_kv_blocks,
         created=created,
-        extra={"seed": seed, "holdout_fraction": holdout_fraction, **(extra or {})},
+        extra={"seed": seed, "holdout_fraction": holdout_fraction, "loss": loss, **(extra or {})},
     )
 
 

@@ -57,7 +57,7 @@ def test_fast_forward_matches_stepping_with_predict(latency_models: dict[str, La
         ]
         while sched.has_unfinished():
             if fast:
-                k, end = sched.fast_forward(decode_times, now[0], float("inf"))
+                k, end, _ = sched.fast_forward(decode_times, now[0], float("inf"))
                 if k:
                     forwarded[0] += k
                     now[0] = end

@@ -76,7 +76,7 @@ def test_noise_free_records_are_recovered_exactly(make_records, truth) -> None:
 
 
 def test_noisy_records_recover_coefficients_and_report_small_error(records: pd.DataFrame, truth) -> None:
-    fit = fit_step_records(records, max_num_seqs=truth.gmax, seed=0)
+    fit = fit_step_records(records, max_num_seqs=truth.gmax, seed=0, loss="relative")  # multiplicative noise
     dec, pre = fit.decode.as_dict(), fit.prefill.as_dict()
     assert tuple(dec) == DECODE_FEATURES and tuple(pre) == PREFILL_FEATURES
     # The terms that carry most of the time are pinned down to a few percent under 1% noise.
@@ -162,3 +162,20 @@ def test_feature_lists_are_checked() -> None:
         FittedModel(dec, LinearFit(("const",), (1.0,)))
     with pytest.raises(ValueError, match="2 features but 1 coefficients"):
         LinearFit(("a", "b"), (1.0,))
+
+
+def test_absolute_loss_weighs_long_steps_and_bad_loss_is_named(make_records, truth) -> None:
+    records = make_records(noise=0.0)
+    fit = fit_step_records(records, max_num_seqs=truth.gmax, loss="absolute")
+    np.testing.assert_allclose(fit.decode.coefficients, truth.decode, rtol=1e-6)
+    # a long step measured 20% slow pulls an absolute fit more than a relative one
+    slow = records.copy()
+    longest = slow["wall_time_s"].where(slow["kind"] == "decode").idxmax()
+    slow.loc[longest, ["gpu_time_s", "wall_time_s"]] *= 1.2
+    shape = slow.loc[longest]
+    a = fit_step_records(slow, max_num_seqs=truth.gmax, loss="absolute", holdout_fraction=0.0)
+    r = fit_step_records(slow, max_num_seqs=truth.gmax, loss="relative", holdout_fraction=0.0)
+    args = (int(shape.num_seqs), int(shape.num_context_tokens), int(shape.max_seq_len))
+    assert a.decode_step_time(*args) > r.decode_step_time(*args)
+    with pytest.raises(ValueError, match="loss: 'l1' is not one of"):
+        fit_step_records(records, max_num_seqs=truth.gmax, loss="l1")

@@ -44,7 +44,7 @@ def test_metadata(profile: LatencyProfile, model: ModelSpec) -> None:
     assert (profile.tp, profile.block_size, profile.dtype) == (1, 256, "bfloat16")  # tp, block from records
     assert (profile.num_kv_blocks, profile.max_graph_batch_size, profile.num_records) == (4516, 256, 697)
     assert profile.target == "gpu_time_s"
-    assert profile.extra == {"seed": 0, "holdout_fraction": 0.25}
+    assert profile.extra == {"seed": 0, "holdout_fraction": 0.25, "loss": "absolute"}
     assert profile.decode.error is not None and profile.decode.error.median_rel_error < 0.012
 
 
