@@ -132,16 +132,16 @@ class BlockManager:
         if num_new > len(free_ids):
             return False
         if num_new > 0:
-            self._take_free_blocks(table, num_new)
+            self.take_free_blocks(table, num_new)
         if self.enable_prefix_caching and num_tokens // self.block_size > seq.num_cached_blocks:
-            self._cache_full_blocks(seq, num_tokens)
+            self.cache_full_blocks(seq, num_tokens)
         return True
 
     def record_prefix_query(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
         self.num_prefix_queried_tokens += num_queried_tokens
         self.num_prefix_hit_tokens += num_hit_tokens
 
-    def _take_free_blocks(self, table: list[int], num: int) -> None:
+    def take_free_blocks(self, table: list[int], num: int) -> None:
         """Append `num` blocks from the front of the free list to `table`, evicting cached prefixes."""
         popitem, blocks, cached = self.free_block_ids.popitem, self.blocks, self.hash_to_block_id
         for _ in range(num):
@@ -156,7 +156,7 @@ class BlockManager:
             block.ref_count = 1
             table.append(block_id)
 
-    def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+    def cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Register the blocks that are full once the first `num_tokens` tokens of `seq` are computed.
 
         As in vLLM v1 this happens at allocation, for the tokens the coming step computes: a request

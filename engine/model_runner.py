@@ -1,8 +1,10 @@
-"""ModelRunner: turns a `ScheduledBatch` into sampled token ids on one device.
+"""ModelRunner: turns a `ScheduledBatch` into sampled token ids on one device (one rank).
 
 It owns the model, the KV cache, the sampler and the decode CUDA graphs. At start it loads the
-weights, sizes the KV cache from the memory a warm-up forward leaves (CUDA) or takes the given block
-count (CPU), compiles every kernel variant a run can hit, and captures the graphs.
+weights (this rank's shard), sizes the KV cache from the memory a warm-up forward leaves (CUDA; the
+smallest over the ranks) or takes the given block count (CPU), compiles every kernel variant a run
+can hit, and captures the graphs. Under tensor parallelism every rank runs the same start-up and
+the same batches in lockstep; only rank 0 gets logits and samples.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
 from engine.config import ModelSpec, cdiv, num_kv_blocks
 from engine.kv_cache import KVCache
+from engine.layers.distributed import min_over_ranks
 from engine.loader import load_weights
 from engine.models import model_class
 from engine.sampler import Sampler
@@ -132,6 +135,7 @@ class ModelRunner:
             num_blocks = (
                 self.profile_num_blocks(utilization, enforce_eager) if self.cuda else DEFAULT_CPU_KV_BLOCKS
             )
+            num_blocks = min_over_ranks(num_blocks, self.tp_size, self.device)  # one block table for all
         return self._new_kv_cache(num_blocks)
 
     def _new_kv_cache(self, num_blocks: int) -> KVCache:
@@ -281,12 +285,13 @@ class ModelRunner:
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, timer: Any = None) -> list[int]:
-        """Compute the batch's tokens; returns one token id per sequence (-1 where none is sampled)."""
+        """Compute the batch's tokens; returns one token id per sequence (-1 where none is sampled, and
+        everywhere on a tensor-parallel rank other than 0)."""
         if timer is not None:
             timer.start()
         logits, inputs = self.compute_logits(batch)
         tokens = None
-        if inputs.sampled_seq_indices:
+        if logits is not None:
             top_ks = inputs.top_ks if inputs.needs_top_k_top_p else None
             top_ps = inputs.top_ps if inputs.needs_top_k_top_p else None
             tokens = self.sampler(logits, inputs.temperatures, top_ks, top_ps, all_greedy=inputs.all_greedy)
@@ -301,7 +306,7 @@ class ModelRunner:
     @torch.inference_mode()
     def compute_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, StepInputs]:
         """Forward the batch (decode through a CUDA graph when one fits); logits of the rows that
-        sample, in batch order (None when no row samples)."""
+        sample, in batch order (None when no row samples, or on a tensor-parallel rank other than 0)."""
         inputs = build_step_inputs(batch, self.block_size, self.device, self.staging)
         graph_bs = self._graph_size(batch)
         if graph_bs:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -63,9 +63,14 @@ def make_batch(
     num_kv_blocks_used: int,
 ) -> ScheduledBatch:
     """Build a ScheduledBatch and its totals from the per-sequence grants of one step."""
-    do_sample = [c + n == s.num_tokens for s, c, n in zip(seqs, computed, num_new)]
-    is_prefill = [n > 1 or not d for n, d in zip(num_new, do_sample)]
-    num_prefill_seqs = sum(is_prefill)
+    do_sample = [c + n == len(s.token_ids) for s, c, n in zip(seqs, computed, num_new)]
+    total = sum(num_new)
+    if total == len(seqs) and all(do_sample):  # plain decodes (the hot path): one token, sampled
+        is_prefill: list[bool] | tuple[bool, ...] = (False,) * total
+        num_prefill_seqs = 0
+    else:
+        is_prefill = [n > 1 or not d for n, d in zip(num_new, do_sample)]
+        num_prefill_seqs = sum(is_prefill)
     if num_prefill_seqs:
         pre = [(n, c) for n, c, p in zip(num_new, computed, is_prefill) if p]
         num_prefill_tokens = sum(n for n, _ in pre)
@@ -87,7 +92,7 @@ def make_batch(
         num_kv_blocks_used=num_kv_blocks_used,
         kind=kind,
         num_prefill_seqs=num_prefill_seqs,
-        total_num_scheduled_tokens=sum(num_new),
+        total_num_scheduled_tokens=total,
         num_prefill_tokens=num_prefill_tokens,
         total_num_cached_tokens=sum(cached),
         num_context_tokens=sum(computed),
@@ -223,9 +228,13 @@ class Scheduler:
                 gap = now - last
                 itl[gap] = itl.get(gap, 0) + 1
             seq.last_token_time = now
-            reason = _stop_reason(seq, token, max_model_len)
-            if reason is not None:
-                self._finish(seq, reason, now, finished)
+            num_tokens = len(seq.token_ids)
+            if (
+                num_tokens - seq.num_prompt_tokens >= seq.max_tokens
+                or num_tokens >= max_model_len
+                or (not seq.ignore_eos and token == seq.eos_token_id)
+            ):
+                self._finish(seq, _stop_reason(seq, token, max_model_len), now, finished)
         if finished:
             self.running = [s for s in self.running if s.status is RUNNING]
         return finished
@@ -244,17 +253,27 @@ class Scheduler:
         newest running sequences (recompute) when blocks run out."""
         bm, running = self.block_manager, self.running
         bs, caching = bm.block_size, bm.enable_prefix_caching
+        seqs, num_new, computed, cached = step.seqs, step.num_new, step.computed, step.cached
+        budget = step.budget
         i = 0
-        while i < len(running) and step.budget > 0:
+        while i < len(running) and budget > 0:  # the per-step hot loop: kept flat
             seq = running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, step.budget)
-            target = seq.num_computed_tokens + n
+            c = seq.num_computed_tokens
+            n = len(seq.token_ids) - c
+            if n > budget:
+                n = budget
+            target = c + n
             if (
                 target > len(seq.block_table) * bs or (caching and target // bs > seq.num_cached_blocks)
             ) and not (self._allocate_or_preempt(seq, target, step)):
                 break
-            step.add(seq, n)
+            seqs.append(seq)
+            num_new.append(n)
+            computed.append(c)
+            cached.append(0)
+            budget -= n
             i += 1
+        step.budget = budget
 
     def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
         bm, running = self.block_manager, self.running
@@ -391,22 +410,21 @@ class Scheduler:
                 k_max = left
         return k_max
 
-    def _block_events(self, k: int) -> tuple[int, list[tuple[int, int]]]:
-        """(steps possible before a preemption, sorted (step, running index) block events up to k)."""
+    def _block_events(self, k: int) -> tuple[int, list[tuple[int, int, int]]]:
+        """(steps possible before a preemption, block events up to then): (step, running index, 0)
+        takes a block for the step's token, (step, running index, 1) registers the block it fills;
+        sorted, that is the order stepping's `allocate_slots` calls do both in."""
         bm = self.block_manager
         bs, caching = bm.block_size, bm.enable_prefix_caching
-        events: list[tuple[int, int]] = []
+        events: list[tuple[int, int, int]] = []
         allocs: list[int] = []
         for idx, seq in enumerate(self.running):
             c = seq.num_computed_tokens
             alloc_steps = range(len(seq.block_table) * bs - c + 1, k + 1, bs)  # a token opens a block
             allocs.extend(alloc_steps)
-            steps: Iterable[int] = alloc_steps
+            events.extend((j, idx, 0) for j in alloc_steps)
             if caching:  # steps that fill a block, which is then registered
-                full_steps = range((seq.num_cached_blocks + 1) * bs - c, k + 1, bs)
-                # with blocks of one token a step both opens and fills one: count it once
-                steps = sorted(set(alloc_steps) | set(full_steps)) if bs == 1 else [*alloc_steps, *full_steps]
-            events.extend((j, idx) for j in steps)
+                events.extend((j, idx, 1) for j in range((seq.num_cached_blocks + 1) * bs - c, k + 1, bs))
         free = bm.num_free_blocks
         if len(allocs) > free:
             allocs.sort()
@@ -445,8 +463,12 @@ class Scheduler:
         new_tokens = [token_id] * k
         for seq in running:
             seq.token_ids.extend(new_tokens)
-        for j, idx in events:
-            bm.allocate_slots(running[idx], start_computed[idx] + j)
+        for j, idx, register in events:
+            seq = running[idx]
+            if register:
+                bm.cache_full_blocks(seq, start_computed[idx] + j)
+            else:
+                bm.take_free_blocks(seq.block_table, 1)
         if self.record_itl:
             itl, t1 = self.itl_counts, float(times[1])
             for seq in running:

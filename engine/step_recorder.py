@@ -3,6 +3,7 @@ the simulator's latency model. Columns are CONTRACT.md's "Step record columns".
 
 GPU time comes from CUDA event pairs that are resolved lazily in batches (no sync per step); on a
 CPU the "device" time is the forward's host time. A step that compiled a kernel is flagged.
+`allreduce_time_s` is the tensor-parallel all-reduce time when the engine profiles it, else NaN.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ COLUMNS = (
     "gpu_time_s",
     "wall_time_s",
     "compiled",
+    "allreduce_time_s",
 )
 _RESOLVE_EVERY = 512
 
@@ -102,6 +104,7 @@ class StepRecorder:
         wall_time_s: float,
         graph_batch_size: int = 0,
         compiled: bool = False,
+        allreduce_time_s: float = math.nan,
     ) -> None:
         compiled = compiled or self._looks_compiled(batch.kind, wall_time_s)
         self._rows.append(
@@ -124,6 +127,7 @@ class StepRecorder:
                 math.nan,
                 wall_time_s,
                 compiled,
+                allreduce_time_s,
             ]
         )
         self._pending.append((len(self._rows) - 1, timer))

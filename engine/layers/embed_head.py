@@ -1,7 +1,7 @@
 """Vocabulary-parallel token embedding and LM head: each rank holds a contiguous slice of the vocab.
 
 The embedding zeroes ids outside this rank's slice and all-reduces; the head gathers every rank's
-logits. With one rank both are a plain `F.embedding` / `F.linear`.
+logits on rank 0 (the rank that samples). With one rank both are a plain `F.embedding` / `F.linear`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.distributed import all_gather_last_dim, all_reduce, resolve_tp
+from engine.layers.distributed import all_reduce, gather_last_dim, resolve_tp
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -46,7 +46,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Logits = hidden @ W^T over this rank's vocab slice, gathered to the full vocabulary."""
+    """Logits = hidden @ W^T over this rank's vocab slice, gathered to the full vocabulary on rank 0
+    (None on the other ranks)."""
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return all_gather_last_dim(F.linear(hidden_states, self.weight), self.tp_size)
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return gather_last_dim(F.linear(hidden_states, self.weight), self.tp_rank, self.tp_size)

@@ -82,6 +82,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         tp_rank: int | None = None,
         tp_size: int | None = None,
     ) -> None:
+        _, size = resolve_tp(tp_rank, tp_size)
+        for i, n in enumerate(output_sizes):
+            _divide(n, size, f"output_sizes[{i}]")
         self.output_sizes = list(output_sizes)
         super().__init__(input_size, sum(output_sizes), bias, tp_rank, tp_size)
 

@@ -108,7 +108,8 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """HF `LlamaForCausalLM`: `forward(input_ids, positions)` -> hidden states of every token,
-    `compute_logits(hidden)` -> logits over the full vocabulary."""
+    `compute_logits(hidden)` -> logits over the full vocabulary (on tensor-parallel rank 0; None on
+    the other ranks)."""
 
     qk_norm = False
     packed_modules_mapping = {
@@ -138,7 +139,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.lm_head(hidden_states)
 
     def attention_layers(self) -> list[Attention]:
