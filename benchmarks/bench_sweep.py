@@ -1,0 +1,81 @@
+"""Benchmark a 100-point sweep over the full azure_conv_2023 trace at its native rate (19,366 requests).
+
+Grid: 5 GPU types x 2 block sizes x 2 max_num_seqs x 5 max_num_batched_tokens, roofline latency, local
+process pool. Target on a 2-core machine: <= 2 minutes. Prints wall time and per-point times.
+Run: python benchmarks/bench_sweep.py [--workers N] [--points N] [--limit N] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from simulator.sweep import SweepSpec, run_sweep  # noqa: E402
+
+TARGET_S = 120.0
+GRID = {
+    "gpu": ["H100", "H200", "A100", "L40S", "B200"],
+    "block_size": [16, 32],
+    "max_num_seqs": [64, 256],
+    "max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768],
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=None, help="local worker processes (default: all cores)")
+    ap.add_argument("--points", type=int, default=100, help="a smaller sub-grid of at most N points")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N requests (default: full trace)")
+    ap.add_argument("--out", default=None, help="results Parquet (default: a fresh temporary file)")
+    args = ap.parse_args()
+
+    trace = {"source": "azure_conv_2023", **({"limit": args.limit} if args.limit else {})}
+    spec = SweepSpec.from_dict({"trace": trace, "model": "qwen3-0.6b", "profile": "roofline", "grid": GRID})
+    grid_spec = _sub_grid(spec, args.points)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(args.out) if args.out else Path(tmp) / "bench.parquet"
+        t0 = time.perf_counter()
+        report = run_sweep(grid_spec, out, workers=args.workers, progress=True)
+        wall = time.perf_counter() - t0
+        import pandas as pd
+
+        df = pd.read_parquet(out)
+    n = report.num_run
+    per = df["wall_s"]
+    print(report.format())
+    what = f"limit {args.limit}" if args.limit else "full trace, native rate"
+    print(f"bench_sweep: {n} points over azure_conv_2023 ({what}), {report.num_errors} with errors")
+    print(
+        f"  wall {wall:.1f} s (target <= {TARGET_S:.0f} s on 2 cores: {'met' if wall <= TARGET_S else 'NOT met'})"
+    )
+    print(
+        f"  per point (worker wall): median {per.median():.2f} s, min {per.min():.2f} s, max {per.max():.2f} s; "
+        f"simulated {df['sim_steps'].sum():,.0f} steps"
+    )
+    print(f"  {n / wall:.2f} points/s; {df['num_requests'].sum() / wall:,.0f} simulated requests/s")
+    return 0
+
+
+def _sub_grid(spec: SweepSpec, n: int) -> SweepSpec:
+    """The spec with values dropped from its last axes until it has at most n points."""
+    grid = dict(spec.grid)
+    for axis in reversed(list(grid)):
+        while len(grid[axis]) > 1 and _product(grid) > n:
+            grid[axis] = grid[axis][:-1]
+    return SweepSpec(spec.trace, spec.model, spec.profile, spec.slo, grid)
+
+
+def _product(grid: dict) -> int:
+    out = 1
+    for v in grid.values():
+        out *= len(v)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,631 @@
+"""Capacity planning over simulation results: cost, SLO objectives, and two searches.
+
+`find_plan` finds the cheapest (GPU, TP, replicas, batch limits, block size) meeting p99 SLOs at a
+rate; `find_capacity` finds the highest rate a configuration sustains. Both take an `evaluate`
+callable (points -> rows, see sweep.PointRunner.run); prices come from gpus.json, never from code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.latency.gpus import GpuSpec, get_gpu
+from simulator.metrics import SLO
+
+Row = dict[str, Any]
+Evaluate = Callable[[list[dict[str, Any]]], list[Row]]
+
+# ---- cost ---------------------------------------------------------------------------------------------
+
+
+def cost_per_hour(gpu: str | GpuSpec, num_gpus: int) -> float:
+    """US$ per hour of `num_gpus` GPUs of this type, at the price in simulator/data/gpus.json."""
+    if num_gpus < 0:
+        raise ValueError(f"num_gpus: must be >= 0, got {num_gpus}")
+    return get_gpu(gpu).price_per_hour_usd * num_gpus
+
+
+def cost_per_million_tokens(gpu: str | GpuSpec, num_gpus: int, tokens_per_s: float) -> float:
+    """US$ per million tokens produced at `tokens_per_s`: $/h x GPUs / (tok/s x 3600) x 1e6 (inf at 0)."""
+    if tokens_per_s < 0 or math.isnan(tokens_per_s):
+        raise ValueError(f"tokens_per_s: must be >= 0, got {tokens_per_s}")
+    if tokens_per_s == 0:
+        return math.inf
+    return cost_per_hour(gpu, num_gpus) / (tokens_per_s * 3600.0) * 1e6
+
+
+# ---- objectives -----------------------------------------------------------------------------------------
+
+METRICS = ("ttft", "tpot", "e2e")
+STATS = ("p99", "p90", "p50", "mean")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One latency objective: `stat` of `metric` (a summary column `{metric}_{stat}_s`) <= limit_s."""
+
+    metric: str
+    stat: str
+    limit_s: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.metric}_{self.stat}_s"
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_{self.stat}"
+
+    def __str__(self) -> str:
+        return f"{self.name}<={format_seconds(self.limit_s)}"
+
+
+def parse_objectives(text: str) -> tuple[Objective, ...]:
+    """`ttft_p99=2s,tpot_p99=80ms` (a bare `ttft=2s` means p99; stats p99, p90, p50, mean)."""
+    out: list[Objective] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise ValueError(f"--slo: {part!r} is not NAME=VALUE (e.g. ttft_p99=2s,tpot_p99=80ms)")
+        name, value = (x.strip().lower() for x in part.split("=", 1))
+        metric, _, stat = name.partition("_")
+        stat = stat or "p99"
+        if metric not in METRICS or stat not in STATS:
+            raise ValueError(
+                f"--slo: unknown objective {name!r}; use {'|'.join(METRICS)} with _{'|_'.join(STATS)} (default p99)"
+            )
+        limit = getattr(SLO.parse(f"{metric}={value}"), f"{metric}_s")
+        if not limit > 0:
+            raise ValueError(f"--slo: {part!r} must be a positive time")
+        out.append(Objective(metric, stat, float(limit)))
+    if not out:
+        raise ValueError("--slo: give at least one objective, e.g. ttft_p99=2s")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """An objective missed (value > limit), or requests not served (objective None)."""
+
+    objective: Objective | None
+    value: float
+    unserved: int = 0
+    num_requests: int = 0
+
+    @property
+    def ratio(self) -> float:
+        """value / limit (inf for unserved requests)."""
+        return math.inf if self.objective is None else self.value / self.objective.limit_s
+
+    def __str__(self) -> str:
+        if self.objective is None:
+            return f"{self.unserved} of {self.num_requests} requests not served (rejected or cut short)"
+        o = self.objective
+        excess = (self.ratio - 1.0) * 100.0
+        return f"{o.name} {format_seconds(self.value)} > {format_seconds(o.limit_s)} (+{excess:.0f}%)"
+
+
+def violations(summary: Mapping[str, Any], objectives: Sequence[Objective]) -> list[Violation]:
+    """What a run's summary misses. A metric that is NaN (no request has it, e.g. TPOT with one-token
+    outputs) is not applicable; requests that did not finish normally always count."""
+    out: list[Violation] = []
+    n = int(summary.get("num_requests", 0))
+    # Not finished (rejected ones included), or finished early for lack of KV cache / context.
+    unserved = n - int(summary.get("num_finished", 0)) + int(summary.get("num_truncated", 0))
+    if unserved > 0 or n == 0:
+        out.append(Violation(None, math.nan, unserved, n))
+    for o in objectives:
+        value = summary.get(o.key)
+        if value is None:
+            raise ValueError(f"objective {o.name}: the summary has no {o.key!r}")
+        value = float(value)
+        if not math.isnan(value) and value > o.limit_s:
+            out.append(Violation(o, value))
+    return out
+
+
+def describe_violations(vs: Sequence[Violation]) -> str:
+    return "; ".join(str(v) for v in vs)
+
+
+def severity(vs: Sequence[Violation]) -> tuple[int, float]:
+    """Order points by how badly they miss: unserved requests first, then the worst ratio."""
+    unserved = sum(v.unserved for v in vs if v.objective is None)
+    worst = max((v.ratio for v in vs if v.objective is not None), default=0.0)
+    return unserved, worst
+
+
+def format_seconds(s: float) -> str:
+    if math.isnan(s):
+        return "n/a"
+    return f"{s:.3g}s" if s >= 1 else f"{s * 1e3:.3g}ms"
+
+
+def format_usd(x: float) -> str:
+    return "inf" if math.isinf(x) else f"${x:,.2f}"
+
+
+# ---- plan: cheapest configuration meeting the SLOs at a rate -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """A family of configurations that differ only in the number of replicas."""
+
+    gpu: str
+    tp: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    @property
+    def unit_cost(self) -> float:
+        """$/h of one replica."""
+        return cost_per_hour(self.gpu, self.tp)
+
+    def point(self, replicas: int, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            **(base or {}),
+            "gpu": self.gpu,
+            "tp": self.tp,
+            "block_size": self.block_size,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "replicas": replicas,
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"{get_gpu(self.gpu).name} tp={self.tp} block={self.block_size} "
+            f"seqs={self.max_num_seqs} batched_tokens={self.max_num_batched_tokens}"
+        )
+
+
+@dataclass
+class Candidate:
+    """The outcome of one option's replica search.
+
+    status: "best", "feasible" (meets the SLOs, costs more), "infeasible" (fails at the most replicas
+    the GPU budget allows), "pruned" (cannot be cheaper than the best: it fails at every replica count
+    that would be), "invalid" (the configuration cannot run). `row` holds the metrics at `replicas`.
+    """
+
+    option: Option
+    status: str = "invalid"
+    replicas: int | None = None
+    row: Row | None = None
+    failed: list[Violation] = field(default_factory=list)
+    reason: str = ""
+    fails_at: int = 0  # most replicas known to fail (0: none); below replicas - 1 the count is an upper bound
+
+    @property
+    def num_gpus(self) -> int | None:
+        return None if self.replicas is None else self.replicas * self.option.tp
+
+    @property
+    def cost_per_hour(self) -> float | None:
+        return None if self.replicas is None else self.option.unit_cost * self.replicas
+
+
+class _ReplicaSearch:
+    """Fewest replicas meeting the SLOs, assuming more replicas never hurt: gallop 1, 2, 4, ... to a
+    feasible count, then bisect between the largest failing and the smallest passing count."""
+
+    def __init__(self, option: Option, cap: int) -> None:
+        self.option = option
+        self.cap = cap  # most replicas the GPU budget allows
+        self.lo = 0  # largest count known to fail
+        self.hi: int | None = None  # smallest count known to pass
+        self.rows: dict[int, tuple[Row, list[Violation]]] = {}
+        self.error: str | None = None
+
+    def next(self, limit: int) -> int | None:
+        """The next count to try, below `limit` (what could still beat the best), or None when done."""
+        if self.error is not None:
+            return None
+        if self.hi is not None and self.hi - self.lo <= 1:
+            return None
+        if self.lo >= limit:
+            return None
+        if self.hi is None:
+            return min(max(1, 2 * self.lo), limit)
+        return min((self.lo + self.hi) // 2, limit)
+
+    def update(self, replicas: int, row: Row, failed: list[Violation]) -> None:
+        self.rows[replicas] = (row, failed)
+        if failed:
+            self.lo = max(self.lo, replicas)
+        else:
+            self.hi = replicas if self.hi is None else min(self.hi, replicas)
+
+
+@dataclass
+class PlanResult:
+    rate: float
+    objectives: tuple[Objective, ...]
+    max_gpus: int
+    candidates: list[Candidate]  # best first, then feasible by cost, then the others
+    num_simulations: int
+    closest: Candidate | None = None  # when nothing is feasible: the point that missed least
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates and self.candidates[0].status == "best" else None
+
+
+def plan_options(
+    gpus: Sequence[str],
+    tps: Sequence[int],
+    block_sizes: Sequence[int],
+    max_num_seqs: Sequence[int],
+    max_num_batched_tokens: Sequence[int],
+) -> list[Option]:
+    return [
+        Option(get_gpu(g).name, tp, bs, mns, mnbt)
+        for g in gpus
+        for tp in tps
+        for bs in block_sizes
+        for mns in max_num_seqs
+        for mnbt in max_num_batched_tokens
+    ]
+
+
+def find_plan(
+    evaluate: Evaluate,
+    options: Sequence[Option],
+    objectives: Sequence[Objective],
+    max_gpus: int,
+    rate: float = math.nan,
+    base_point: Mapping[str, Any] | None = None,
+    wave_size: int | None = None,
+    prune: bool = True,
+) -> PlanResult:
+    """The cheapest option x replicas meeting `objectives`, with the others ranked and explained.
+
+    Searches all options together in waves: each live option proposes its next replica count, and
+    the `wave_size` cheapest proposals (all when None) go to `evaluate` at once, to run in parallel.
+    With `prune`, the cheapest feasible cost found so far caps every option's replica count, so
+    options that cannot beat it stop early (small waves prune most); without, every option's fewest
+    replicas is found exactly.
+    """
+    if wave_size is not None and wave_size <= 0:
+        raise ValueError(f"wave_size: must be a positive integer, got {wave_size}")
+    if max_gpus <= 0:
+        raise ValueError(f"max_gpus: must be a positive integer, got {max_gpus}")
+    objectives = tuple(objectives)
+    searches: list[_ReplicaSearch] = []
+    cands: dict[Option, Candidate] = {}
+    for opt in dict.fromkeys(options):
+        cands[opt] = Candidate(opt)
+        if opt.tp > max_gpus:
+            cands[opt].reason = f"tp={opt.tp} needs more GPUs than max_gpus={max_gpus}"
+            continue
+        searches.append(_ReplicaSearch(opt, max_gpus // opt.tp))
+    best_cost = math.inf
+    num_sims = 0
+    while True:
+        proposals: list[tuple[float, int, _ReplicaSearch, int]] = []
+        for i, s in enumerate(searches):
+            limit = s.cap
+            if prune and math.isfinite(best_cost) and s.option.unit_cost > 0:
+                limit = min(limit, math.floor(best_cost / s.option.unit_cost + 1e-9))
+            r = s.next(limit)
+            if r is not None:
+                proposals.append((s.option.unit_cost * r, i, s, r))
+        if not proposals:
+            break
+        proposals.sort(key=lambda p: p[:2])
+        wave = [(s, r) for _, _, s, r in proposals[:wave_size]]
+        rows = evaluate([s.option.point(r, base_point) for s, r in wave])
+        num_sims += len(wave)
+        for (s, r), row in zip(wave, rows):
+            if row.get("error") is not None:
+                s.error = str(row["error"])
+                continue
+            failed = violations(row, objectives)
+            s.update(r, row, failed)
+            if not failed:
+                best_cost = min(best_cost, s.option.unit_cost * r)
+    for s in searches:
+        _conclude(s, cands[s.option])
+    return _rank(list(cands.values()), objectives, max_gpus, rate, num_sims, searches)
+
+
+def _conclude(s: _ReplicaSearch, c: Candidate) -> None:
+    if s.error is not None:
+        c.status, c.reason = "invalid", s.error
+        return
+    if s.hi is not None:
+        c.status, c.replicas = "feasible", s.hi
+        c.row, c.failed = s.rows[s.hi]
+        c.fails_at = s.lo
+        return
+    if s.lo == 0:  # never tried: even one replica costs more than the best
+        c.status = "pruned"
+        c.reason = f"one replica costs {format_usd(s.option.unit_cost)}/h, more than the best"
+        return
+    c.replicas = s.lo
+    c.row, c.failed = s.rows[s.lo]
+    c.status = "infeasible" if s.lo >= s.cap else "pruned"
+
+
+def _rank(
+    cands: list[Candidate],
+    objectives: tuple[Objective, ...],
+    max_gpus: int,
+    rate: float,
+    num_sims: int,
+    searches: list[_ReplicaSearch],
+) -> PlanResult:
+    def headroom(c: Candidate) -> float:
+        return max(
+            (float(c.row[o.key]) / o.limit_s for o in objectives if c.row and not _nan(c.row[o.key])),
+            default=0,
+        )
+
+    feasible = sorted(
+        (c for c in cands if c.status == "feasible"), key=lambda c: (c.cost_per_hour, c.num_gpus, headroom(c))
+    )
+    others = [c for c in cands if c.status != "feasible"]
+    order = {"infeasible": 0, "pruned": 1, "invalid": 2}
+    others.sort(key=lambda c: (order[c.status], severity(c.failed) if c.failed else (0, 0.0)))
+    closest = None
+    if feasible:
+        best = feasible[0]
+        best.status, best.reason = "best", "cheapest configuration meeting every objective"
+        for c in feasible[1:]:
+            extra = c.cost_per_hour - best.cost_per_hour
+            if extra > 1e-9:
+                c.reason = f"costs {format_usd(extra)}/h more (+{extra / best.cost_per_hour * 100:.0f}%)"
+                if c.replicas - c.fails_at > 1:  # the search stopped once no count in between could win
+                    c.reason += (
+                        f"; fails with {_n_replicas(c.fails_at)}, fewer than {c.replicas} not resolved"
+                    )
+            else:
+                c.reason = "same cost as the best, with less latency headroom or more GPUs"
+    else:
+        tried = [
+            (severity(failed), s.option, r, row, failed)
+            for s in searches
+            for r, (row, failed) in s.rows.items()
+        ]
+        if tried:
+            _, opt, r, row, failed = min(tried, key=lambda t: (t[0], -t[2]))
+            closest = Candidate(opt, "infeasible", r, row, failed)
+    for c in others:
+        if c.status == "infeasible":
+            c.reason = (
+                f"fails with {_n_replicas(c.replicas)}, the most max_gpus={max_gpus} allows: "
+                + describe_violations(c.failed)
+            )
+        elif c.status == "pruned" and c.replicas is not None:
+            more = c.option.unit_cost * (c.replicas + 1)
+            c.reason = (
+                f"fails with {_n_replicas(c.replicas)} ({describe_violations(c.failed)}); "
+                f"{c.replicas + 1} would cost {format_usd(more)}/h, not cheaper than the best"
+            )
+    return PlanResult(rate, objectives, max_gpus, feasible + others, num_sims, closest)
+
+
+def _n_replicas(n: int) -> str:
+    return f"{n} replica" if n == 1 else f"{n} replicas"
+
+
+def _nan(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def format_plan(
+    result: PlanResult, trace_label: str = "", model: str = "", max_alternatives: int | None = None
+) -> str:
+    """The plan as text: the best configuration, then each alternative and why it lost."""
+    objs = ", ".join(str(o) for o in result.objectives)
+    what = " ".join(x for x in (model, "serving", trace_label) if x)
+    lines = [f"Plan: {what} at {result.rate:.3g} req/s; SLO {objs}; at most {result.max_gpus} GPUs"]
+    best = result.best
+    if best is not None:
+        lines.append(
+            f"Best: {best.replicas} x ({best.option}) = {best.num_gpus} GPUs, {format_usd(best.cost_per_hour)}/h"
+        )
+        lines.append("  " + _metrics_line(best, result.objectives))
+    else:
+        lines.append(f"Infeasible: no configuration meets the SLOs within {result.max_gpus} GPUs.")
+        if result.closest is not None:
+            c = result.closest
+            lines.append(
+                f"  closest: {c.replicas} x ({c.option}), {format_usd(c.cost_per_hour)}/h: {describe_violations(c.failed)}"
+            )
+    rest = [c for c in result.candidates if c is not best]
+    shown = rest if max_alternatives is None else rest[:max_alternatives]
+    if rest:
+        lines.append("Alternatives:")
+        for c in shown:
+            size = f"{c.replicas} x " if c.replicas else ""
+            cost = f" {format_usd(c.cost_per_hour)}/h" if c.cost_per_hour is not None else ""
+            lines.append(f"  [{c.status}] {size}({c.option}){cost}: {c.reason}")
+        if len(shown) < len(rest):
+            lines.append(f"  ... and {len(rest) - len(shown)} more")
+    lines.append(f"({result.num_simulations} simulations)")
+    return "\n".join(lines)
+
+
+def _metrics_line(c: Candidate, objectives: Sequence[Objective]) -> str:
+    row = c.row or {}
+    parts = [
+        f"{o.name} {format_seconds(float(row.get(o.key, math.nan)))} (<= {format_seconds(o.limit_s)})"
+        for o in objectives
+    ]
+    tok_s = float(row.get("output_tok_s", 0.0))
+    if tok_s > 0:
+        parts.append(
+            f"{format_usd(cost_per_million_tokens(c.option.gpu, c.num_gpus or 0, tok_s))} per M output tokens"
+        )
+    return ", ".join(parts)
+
+
+# ---- capacity: the highest rate a configuration sustains --------------------------------------------------
+
+
+@dataclass
+class ScaleSearch:
+    """A bracket [lo, hi] of the rate scale: lo passes, hi fails (None where never found)."""
+
+    lo: float | None
+    hi: float | None
+    evaluations: list[tuple[float, bool]]
+
+    @property
+    def converged(self) -> bool:
+        return self.lo is not None and self.hi is not None
+
+
+def search_max_scale(
+    feasible: Callable[[list[float]], list[bool]],
+    start: float = 1.0,
+    tolerance: float = 0.05,
+    parallel: int = 1,
+    min_scale: float = 1.0 / 1024,
+    max_scale: float = 1024.0,
+    growth: float = 2.0,
+) -> ScaleSearch:
+    """Largest scale x with feasible(x), assuming feasibility only falls as x grows.
+
+    Gallops from `start` by `growth` (up while passing, down while failing) to a bracket, then splits
+    it geometrically until hi / lo <= 1 + tolerance. Each round asks `feasible` for `parallel` scales at
+    once (k-ary search: a round of p probes shrinks the bracket p + 1 times).
+    """
+    if not tolerance > 0:
+        raise ValueError(f"tolerance: must be > 0, got {tolerance}")
+    if not 0 < min_scale <= start <= max_scale:
+        raise ValueError(f"start: must be within [{min_scale}, {max_scale}], got {start}")
+    p = max(1, int(parallel))
+    lo: float | None = None
+    hi: float | None = None
+    evals: list[tuple[float, bool]] = []
+
+    def probe(xs: list[float]) -> None:
+        nonlocal lo, hi
+        oks = feasible(xs)
+        evals.extend(zip(xs, oks))
+        for x, ok in zip(xs, oks):
+            if ok:
+                lo = x if lo is None else max(lo, x)
+            else:
+                hi = x if hi is None else min(hi, x)
+        if lo is not None and hi is not None and lo >= hi:  # not monotone: stay below the lowest failure
+            passing = [x for x, ok in evals if ok and x < hi]
+            lo = max(passing) if passing else None
+
+    probe(sorted({min(start * growth**i, max_scale) for i in range(p)}))
+    while lo is None or hi is None:
+        if lo is None:  # everything failed: go down
+            base = min(x for x, _ in evals)
+            if base <= min_scale:
+                break
+            probe(sorted({max(base / growth ** (i + 1), min_scale) for i in range(p)}))
+        else:  # everything passed: go up
+            base = max(x for x, _ in evals)
+            if base >= max_scale:
+                break
+            probe(sorted({min(base * growth ** (i + 1), max_scale) for i in range(p)}))
+    while lo is not None and hi is not None and hi / lo > 1 + tolerance:
+        ratio = hi / lo
+        probe([lo * ratio ** ((i + 1) / (p + 1)) for i in range(p)])
+    return ScaleSearch(lo, hi, evals)
+
+
+@dataclass
+class CapacityResult:
+    base_rate: float  # the trace's own average rate (req/s)
+    objectives: tuple[Objective, ...]
+    search: ScaleSearch
+    row: Row | None  # metrics at the highest passing scale
+    fail_row: Row | None  # metrics at the lowest failing scale
+    gpu: str
+    num_gpus: int
+
+    @property
+    def max_scale(self) -> float | None:
+        return self.search.lo
+
+    @property
+    def max_rate(self) -> float | None:
+        return None if self.search.lo is None else self.base_rate * self.search.lo
+
+    @property
+    def cost_per_hour(self) -> float:
+        return cost_per_hour(self.gpu, self.num_gpus)
+
+    @property
+    def cost_per_million_output_tokens(self) -> float | None:
+        if self.row is None:
+            return None
+        return cost_per_million_tokens(self.gpu, self.num_gpus, float(self.row["output_tok_s"]))
+
+
+def find_capacity(
+    evaluate: Evaluate,
+    point: Mapping[str, Any],
+    objectives: Sequence[Objective],
+    base_rate: float,
+    tolerance: float = 0.05,
+    parallel: int = 1,
+    min_scale: float = 1.0 / 1024,
+    max_scale: float = 1024.0,
+) -> CapacityResult:
+    """The highest rate scale at which `point` meets `objectives` (see `search_max_scale`)."""
+    objectives = tuple(objectives)
+    rows: dict[float, Row] = {}
+
+    def feasible(xs: list[float]) -> list[bool]:
+        got = evaluate([{**point, "rate_scale": x} for x in xs])
+        out = []
+        for x, row in zip(xs, got):
+            if row.get("error") is not None:
+                raise ValueError(f"the configuration cannot run: {row['error']}")
+            rows[x] = row
+            out.append(not violations(row, objectives))
+        return out
+
+    search = search_max_scale(feasible, 1.0, tolerance, parallel, min_scale, max_scale)
+    gpu = str(point.get("gpu", "H200"))
+    num_gpus = int(point.get("tp", 1)) * int(point.get("replicas", 1))
+    return CapacityResult(
+        base_rate,
+        objectives,
+        search,
+        rows.get(search.lo) if search.lo is not None else None,
+        rows.get(search.hi) if search.hi is not None else None,
+        get_gpu(gpu).name,
+        num_gpus,
+    )
+
+
+def format_capacity(result: CapacityResult, what: str = "") -> str:
+    objs = ", ".join(str(o) for o in result.objectives)
+    s = result.search
+    lines = [f"Capacity{' of ' + what if what else ''} under {objs}"]
+    lines.append(f"  trace native rate {result.base_rate:.3g} req/s; {len(s.evaluations)} simulations")
+    if s.lo is None:
+        fail = violations(result.fail_row or {}, result.objectives) if result.fail_row else []
+        lines.append(f"  fails even at {s.hi:.4g}x the trace rate: {describe_violations(fail)}")
+        return "\n".join(lines)
+    if s.hi is None:
+        lines.append(f"  meets the SLOs at every rate tried, up to {s.lo:.4g}x ({result.max_rate:.4g} req/s)")
+    else:
+        lines.append(
+            f"  max sustainable rate: {result.max_rate:.4g} req/s ({s.lo:.4g}x the trace; fails at {s.hi:.4g}x "
+            f"= {result.base_rate * s.hi:.4g} req/s)"
+        )
+    row = result.row or {}
+    parts = [f"{o.name} {format_seconds(float(row.get(o.key, math.nan)))}" for o in result.objectives]
+    lines.append(f"  at that rate: {', '.join(parts)}; output {float(row.get('output_tok_s', 0)):.4g} tok/s")
+    if result.fail_row is not None:
+        lines.append(f"  above it: {describe_violations(violations(result.fail_row, result.objectives))}")
+    lines.append(
+        f"  cost: {result.num_gpus} x {result.gpu} = {format_usd(result.cost_per_hour)}/h, "
+        f"{format_usd(result.cost_per_million_output_tokens or math.inf)} per million output tokens"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,222 @@
+"""Command line for planning: `kvplan sweep`, `kvplan plan` and `kvplan capacity`.
+
+`register(subparsers)` adds the three commands to the kvplan front; each handler only wires arguments
+to simulator.sweep and simulator.plan and prints their formatted results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from simulator.cli import DEFAULT_MODEL, DEFAULT_TRACE, add_sim_arguments, load_trace_arg
+
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(x.strip()) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list") from None
+
+    return parse
+
+
+def _add_exec_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=None, help="local worker processes (default: all cores)")
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run points as Ray tasks: a cluster address, 'auto' (the running cluster) or 'local' (start one)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _profile_arg(value: str) -> str:
+    from pathlib import Path
+
+    if value not in ("auto", "roofline") and not Path(value).is_file():
+        raise ValueError(f"--profile: {value} is not 'auto', 'roofline' or a profile file")
+    return value
+
+
+def _timed(evaluate: Callable[[list[dict]], list[dict]], quiet: bool) -> Callable[[list[dict]], list[dict]]:
+    state = {"round": 0, "sims": 0, "t0": time.perf_counter()}
+
+    def run(points: list[dict]) -> list[dict]:
+        rows = evaluate(points)
+        state["round"] += 1
+        state["sims"] += len(points)
+        if not quiet:
+            elapsed = time.perf_counter() - state["t0"]
+            print(
+                f"  round {state['round']}: {len(points)} simulations ({state['sims']} in all, {elapsed:.0f} s)",
+                file=sys.stderr,
+            )
+        return rows
+
+    return run
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from simulator.sweep import SweepSpec, run_sweep
+
+    spec = SweepSpec.load(args.spec)
+    try:
+        report = run_sweep(
+            spec, args.out, workers=args.workers, ray_address=args.ray, progress=not args.quiet
+        )
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: finished points are in {args.out}; run the same command to resume",
+            file=sys.stderr,
+        )
+        return 130
+    print(report.format())
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import traces
+    from simulator.plan import find_plan, format_plan, parse_objectives, plan_options
+    from simulator.sweep import PointRunner, RunContext
+
+    objectives = parse_objectives(args.slo)
+    if not args.rate > 0:
+        raise ValueError(f"--rate: must be a positive number of requests per second, got {args.rate}")
+    trace = traces.scale_rate(load_trace_arg(args.trace, None, args.limit), target_rate=args.rate)
+    gpus = args.gpus
+    if gpus is None:
+        from simulator.latency.gpus import load_gpu_specs
+
+        gpus = sorted(load_gpu_specs())
+    tps = args.tp if args.tp is not None else [tp for tp in (1, 2, 4, 8) if tp <= args.max_gpus]
+    options = plan_options(gpus, tps, args.block_sizes, args.max_num_seqs, args.max_num_batched_tokens)
+    base = {
+        "policy": args.policy,
+        "router": args.router,
+        "prefix_caching": not args.no_prefix_caching,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+    }
+    ctx = RunContext(trace, args.model, _profile_arg(args.profile), args.slo, trace.name)
+    if not args.quiet:
+        print(f"planning over {len(options)} options ({len(trace)} requests each run)", file=sys.stderr)
+    with PointRunner(ctx, args.workers, args.ray) as runner:
+        result = find_plan(
+            _timed(runner.run, args.quiet),
+            options,
+            objectives,
+            args.max_gpus,
+            args.rate,
+            base,
+            wave_size=None if args.exhaustive else runner.parallelism,
+            prune=not args.exhaustive,
+        )
+    print(format_plan(result, trace.name, args.model, None if args.show_all else 12))
+    return 0 if result.best is not None else 1
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from simulator.plan import find_capacity, format_capacity, parse_objectives
+    from simulator.sweep import PointRunner, RunContext
+
+    objectives = parse_objectives(args.slo)
+    trace = load_trace_arg(args.trace, args.rate_scale, args.limit)
+    if len(trace) < 2 or trace.duration_s <= 0:
+        raise ValueError(f"--trace: {args.trace} needs at least two distinct arrival times")
+    base_rate = len(trace) / trace.duration_s
+    point = {
+        "gpu": args.gpu,
+        "tp": args.tp,
+        "replicas": args.replicas,
+        "block_size": args.block_size,
+        "num_kv_blocks": args.num_kv_blocks,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_model_len": args.max_model_len,
+        "policy": args.policy,
+        "router": args.router,
+        "prefix_caching": not args.no_prefix_caching,
+    }
+    ctx = RunContext(trace, args.model, _profile_arg(args.profile), args.slo, trace.name)
+    with PointRunner(ctx, args.workers, args.ray) as runner:
+        result = find_capacity(
+            _timed(runner.run, args.quiet),
+            point,
+            objectives,
+            base_rate,
+            tolerance=args.tolerance,
+            parallel=runner.parallelism,
+            max_scale=args.max_scale,
+        )
+    what = f"{args.replicas} x {args.model} on {args.gpu} tp={args.tp} ({trace.name})"
+    print(format_capacity(result, what))
+    return 0 if result.max_rate is not None else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    sw = subparsers.add_parser(
+        "sweep", help="run a grid of simulations from a YAML spec into Parquet (resumable)"
+    )
+    sw.add_argument("spec", help="sweep spec YAML (see docs/sweep-example.yaml)")
+    sw.add_argument("--out", required=True, help="results Parquet; points already in it are skipped")
+    _add_exec_arguments(sw)
+    sw.set_defaults(func=cmd_sweep)
+
+    pl = subparsers.add_parser(
+        "plan", help="the cheapest configuration meeting latency SLOs at a request rate"
+    )
+    pl.add_argument("--trace", default=DEFAULT_TRACE, help="shipped trace name or a trace file")
+    pl.add_argument("--limit", type=int, default=None, help="only the first N requests (faster, less exact)")
+    pl.add_argument(
+        "--rate", type=float, required=True, help="target request rate (req/s); the trace is rescaled"
+    )
+    pl.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=80ms (stat defaults to p99)")
+    pl.add_argument("--model", default=DEFAULT_MODEL, help="shipped preset name or model folder")
+    pl.add_argument(
+        "--gpus", type=_csv(str), default=None, help="GPU types, e.g. H100,H200 (default: all known)"
+    )
+    pl.add_argument("--max-gpus", type=int, default=8, help="GPU budget per configuration")
+    pl.add_argument(
+        "--tp", type=_csv(int), default=None, help="TP degrees (default: 1,2,4,8 up to --max-gpus)"
+    )
+    pl.add_argument("--block-sizes", type=_csv(int), default=[16])
+    pl.add_argument("--max-num-seqs", type=_csv(int), default=[256])
+    pl.add_argument("--max-num-batched-tokens", type=_csv(int), default=[16384])
+    pl.add_argument("--policy", default="chunked", choices=["chunked", "prefill_first"])
+    pl.add_argument(
+        "--router", default="least_outstanding", choices=["round_robin", "least_outstanding", "prefix_aware"]
+    )
+    pl.add_argument("--no-prefix-caching", action="store_true")
+    pl.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    pl.add_argument("--profile", default="auto", help="fitted profile JSON, 'auto' (shipped) or 'roofline'")
+    pl.add_argument("--show-all", action="store_true", help="list every alternative (default: the first 12)")
+    pl.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="find every option's fewest replicas, even those that cannot beat the best (slower)",
+    )
+    _add_exec_arguments(pl)
+    pl.set_defaults(func=cmd_plan)
+
+    cap = subparsers.add_parser(
+        "capacity", help="the highest request rate a configuration sustains under SLOs"
+    )
+    cap.add_argument("--trace", default=DEFAULT_TRACE, help="shipped trace name or a trace file")
+    cap.add_argument("--limit", type=int, default=None, help="only the first N requests (faster, less exact)")
+    cap.add_argument(
+        "--rate-scale", type=float, default=None, help="pre-scale the trace (the search starts here)"
+    )
+    cap.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=80ms (stat defaults to p99)")
+    cap.add_argument(
+        "--tolerance", type=float, default=0.05, help="stop when the bracket is within this ratio"
+    )
+    cap.add_argument("--max-scale", type=float, default=1024.0, help="highest rate scale to try")
+    add_sim_arguments(cap)
+    _add_exec_arguments(cap)
+    cap.set_defaults(func=cmd_capacity)

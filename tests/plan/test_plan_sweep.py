@@ -1,0 +1,155 @@
+"""Sweep execution: resume, atomic incremental output, invalid points recorded, and the same rows
+inline, in a local process pool and on a local Ray instance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from plan_helpers import SMALL_GEN
+
+import simulator.sweep as sweep
+from simulator.latency.gpus import GPUS_JSON
+from simulator.sweep import SweepSpec, run_sweep
+
+PRICES = {
+    name: g["price_per_hour_usd"] for name, g in json.loads(Path(GPUS_JSON).read_text())["gpus"].items()
+}
+# Columns that measure the host, not the simulated system.
+TIMING = ["wall_s", "sim_wall_s", "sim_speedup"]
+
+
+def small_spec(grid: dict, **over) -> SweepSpec:
+    raw = {"trace": {"generate": SMALL_GEN}, "model": "qwen3-0.6b", "profile": "roofline", "grid": grid}
+    raw.update(over)
+    return SweepSpec.from_dict(raw)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Count (and optionally interrupt) the simulations a sweep runs in this process."""
+    state = {"calls": 0, "fail_at": None}
+    real = sweep.run_simulation
+
+    def counting(*args, **kwargs):
+        state["calls"] += 1
+        if state["calls"] == state["fail_at"]:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "run_simulation", counting)
+    return state
+
+
+def test_resume_skips_points_already_in_the_output(tmp_path, counted):
+    out = tmp_path / "r.parquet"
+    spec = small_spec({"block_size": [16, 32], "max_num_seqs": [64, 128]})
+    rep = run_sweep(spec, out, workers=1, progress=False)
+    assert counted["calls"] == 4 and (rep.num_run, rep.num_skipped, rep.num_errors) == (4, 0, 0)
+    first = pd.read_parquet(out)
+    assert len(first) == 4 and first["key"].is_unique
+
+    rep = run_sweep(spec, out, workers=1, progress=False)
+    assert counted["calls"] == 4 and (rep.num_run, rep.num_skipped) == (0, 4)
+    pd.testing.assert_frame_equal(pd.read_parquet(out), first)
+
+    bigger = small_spec({"block_size": [16, 32, 64], "max_num_seqs": [64, 128]})
+    rep = run_sweep(bigger, out, workers=1, progress=False)
+    assert counted["calls"] == 6 and (rep.num_run, rep.num_skipped) == (2, 4)
+    df = pd.read_parquet(out)
+    assert len(df) == 6 and df["key"].tolist() == [bigger.point_key(p) for p in bigger.points()]
+    kept = df[df["key"].isin(first["key"])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(kept[first.columns], first)  # earlier rows are kept as they were
+
+    other_slo = small_spec({"block_size": [16]}, slo="ttft=1s")  # another SLO is another point
+    run_sweep(other_slo, out, workers=1, progress=False)
+    assert counted["calls"] == 7 and len(pd.read_parquet(out)) == 7
+
+
+def test_an_interrupted_sweep_keeps_every_finished_point(tmp_path, counted):
+    out = tmp_path / "r.parquet"
+    spec = small_spec({"max_num_seqs": [16, 32, 64, 128, 256]})
+    counted["fail_at"] = 3
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, out, workers=1, progress=False)
+    assert len(pd.read_parquet(out)) == 2
+    assert not list(tmp_path.glob(".*.tmp"))
+    counted["fail_at"] = None
+    rep = run_sweep(spec, out, workers=1, progress=False)
+    assert (rep.num_run, rep.num_skipped) == (3, 2) and counted["calls"] == 6
+    assert pd.read_parquet(out)["max_num_seqs"].tolist() == [16, 32, 64, 128, 256]
+
+
+def test_invalid_points_are_recorded_not_raised(tmp_path, counted):
+    out = tmp_path / "r.parquet"
+    # Qwen3-8B has 32 heads (tp=3 does not divide them) and ~16 GB of weights (more than 30% of an L40S).
+    spec = small_spec(
+        {"gpu": ["L40S", "H200"], "tp": [1, 3], "gpu_memory_utilization": [0.3]},
+        model="qwen3-8b",
+        slo="ttft=2s",
+    )
+    rep = run_sweep(spec, out, workers=1, progress=False)
+    assert rep.num_errors == 3 and len(rep.errors) == 3
+    df = pd.read_parquet(out).set_index(["gpu", "tp"])
+    errors = df["error_type"].fillna("").to_dict()
+    assert errors == {
+        ("L40S", 1): "ValueError",
+        ("L40S", 3): "ValueError",
+        ("H200", 1): "",
+        ("H200", 3): "ValueError",
+    }
+    assert "does not fit on L40S" in df.loc[("L40S", 1), "error"]
+    assert "3 does not divide num_heads 32" in df.loc[("H200", 3), "error"]
+    ok = df.loc[("H200", 1)]
+    assert ok["num_finished"] == SMALL_GEN["num_requests"] and ok["slo_met"] in (True, False)
+    assert ok["cost_per_hour_usd"] == pytest.approx(PRICES["H200-SXM"])
+    assert ok["cost_per_million_output_tokens_usd"] == pytest.approx(
+        PRICES["H200-SXM"] / (ok["output_tok_s"] * 3600) * 1e6
+    )
+    assert pd.isna(df.loc[("L40S", 3), "ttft_p99_s"])
+    calls = counted["calls"]
+    assert run_sweep(spec, out, workers=1, progress=False).num_run == 0  # invalid configs are final
+    assert counted["calls"] == calls
+
+
+def test_failures_other_than_invalid_configs_are_retried(tmp_path, monkeypatch):
+    out = tmp_path / "r.parquet"
+    spec = small_spec({"block_size": [16, 32]})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("worker lost")
+
+    real = sweep.run_simulation
+    monkeypatch.setattr(sweep, "run_simulation", broken)
+    assert run_sweep(spec, out, workers=1, progress=False).num_errors == 2
+    assert pd.read_parquet(out)["error_type"].tolist() == ["RuntimeError", "RuntimeError"]
+    assert pd.read_parquet(out)["error"].tolist() == ["worker lost", "worker lost"]
+    monkeypatch.setattr(sweep, "run_simulation", real)
+    rep = run_sweep(spec, out, workers=1, progress=False)
+    assert (rep.num_run, rep.num_errors) == (2, 0)
+    assert pd.read_parquet(out)["error"].isna().all()
+
+
+def _rows(path):
+    return pd.read_parquet(path).drop(columns=TIMING)
+
+
+def test_a_process_pool_and_ray_give_the_same_rows_as_inline(tmp_path):
+    grid = {"block_size": [16, 32], "replicas": [1, 2], "tp": [1, 3], "router": ["least_outstanding"]}
+    spec = small_spec(grid, slo="ttft=50ms")
+    run_sweep(spec, tmp_path / "inline.parquet", workers=1, progress=False)
+    run_sweep(spec, tmp_path / "pool.parquet", workers=2, progress=False)
+    inline = _rows(tmp_path / "inline.parquet")
+    assert len(inline) == 8 and inline["error"].notna().sum() == 4
+    pd.testing.assert_frame_equal(_rows(tmp_path / "pool.parquet"), inline)
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        run_sweep(spec, tmp_path / "ray.parquet", ray_address="auto", progress=False)
+    finally:
+        ray.shutdown()
+    pd.testing.assert_frame_equal(_rows(tmp_path / "ray.parquet"), inline)
