@@ -3,11 +3,13 @@ control plane's Scheduler and BlockManager (the very classes the simulator drive
 `time.perf_counter` clock, and a StepRecorder timing every step.
 
 `generate()` serves a list of prompts to completion; `add_request` / `step` / `has_unfinished` let a
-caller drive the loop itself (real-time trace replay).
+caller drive the loop itself (real-time trace replay). With `tensor_parallel_size > 1` this process
+is rank 0 and a `MultiprocExecutor` (engine/distributed.py) runs the other ranks.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence as Seq
 from pathlib import Path
@@ -18,7 +20,9 @@ from tqdm.auto import tqdm
 
 from engine.attention import select_backend
 from engine.block_manager import BlockManager
-from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig, check_tp
+from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig
+from engine.distributed import MultiprocExecutor, check_tp_shapes, rank_device
+from engine.layers.distributed import AllReduceTimer, time_all_reduces
 from engine.loader import read_hf_config
 from engine.model_runner import ModelRunner
 from engine.scheduler import Scheduler
@@ -29,7 +33,13 @@ _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 
 
 class LLM:
-    """An engine over one HF checkpoint folder. Use as `with LLM(path) as llm: llm.generate(...)`."""
+    """An engine over one HF checkpoint folder. Use as `with LLM(path) as llm: llm.generate(...)`.
+
+    Tensor parallelism: `tensor_parallel_size` ranks, one process each (this one is rank 0, the
+    others are spawned here and joined by `close()`), rendezvous on `dist_port` (default
+    $KVPLAN_TP_PORT, else a free port); a collective that waits longer than `dist_timeout_s` fails.
+    `profile_allreduce` records each step's all-reduce time (synchronising around each one).
+    """
 
     def __init__(
         self,
@@ -50,6 +60,9 @@ class LLM:
         tensor_parallel_size: int = 1,
         record_steps: bool = True,
         seed: int = 0,
+        dist_port: int | None = None,
+        dist_timeout_s: float = 600.0,
+        profile_allreduce: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir)
         hf_config = read_hf_config(self.model_dir)
@@ -57,30 +70,39 @@ class LLM:
         self.scheduler_config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, policy)
         self.parallel_config = ParallelConfig(tensor_parallel_size)
         spec = ModelSpec.from_hf_config(hf_config, name=self.model_dir.name)
-        check_tp(spec, tensor_parallel_size)
-        tp_rank = _tp_rank(tensor_parallel_size)
+        tp = tensor_parallel_size
+        check_tp_shapes(spec, tp)
         torch_dtype = _resolve_dtype(dtype, spec, self.device)
         self.spec = spec
+        self.profile_allreduce = profile_allreduce
         backend = select_backend(attention_backend, self.device, block_size)
         CacheConfig(block_size, num_kv_blocks, enable_prefix_caching, gpu_memory_utilization)  # validates
-        self.runner = ModelRunner(
-            self.model_dir,
-            hf_config,
-            spec,
-            backend,
+        runner_kwargs = dict(
             block_size=block_size,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
-            device=self.device,
             dtype=torch_dtype,
             gpu_memory_utilization=gpu_memory_utilization,
             num_kv_blocks=num_kv_blocks,
             enforce_eager=enforce_eager,
             seed=seed,
-            tp_rank=tp_rank,
-            tp_size=tensor_parallel_size,
         )
+        self.runner: ModelRunner | None = None
+        self.executor: MultiprocExecutor | None = None
+        if tp > 1:
+            self.device = rank_device(self.device, 0)
+            self.executor = MultiprocExecutor(
+                self.model_dir, hf_config, spec, backend.name, runner_kwargs, self.device, tp,
+                port=dist_port, timeout_s=dist_timeout_s,
+            )  # fmt: skip
+        try:
+            self.runner = ModelRunner(
+                self.model_dir, hf_config, spec, backend, device=self.device, tp_rank=0, tp_size=tp,
+                **runner_kwargs,
+            )  # fmt: skip
+        except Exception as e:
+            self._raise_tp_failure(e, "while starting")
         self.cache_config = CacheConfig(
             block_size, self.runner.num_kv_blocks, enable_prefix_caching, gpu_memory_utilization
         )
@@ -100,10 +122,13 @@ class LLM:
 
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Free the model, the KV cache and the graphs (idempotent)."""
+        """Free the model, the KV cache and the graphs; stop and join the other ranks (idempotent)."""
         if self.runner is not None:
             self.runner.close()
             self.runner = None
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
 
     def __enter__(self) -> LLM:
         return self
@@ -133,14 +158,36 @@ class LLM:
             return self.scheduler.postprocess(batch, [])
         recorder = self.recorder
         timer = recorder.timer() if recorder is not None else None
-        tokens = self.runner.run(batch, timer)
+        allreduce = AllReduceTimer(self.device.type == "cuda") if self.profile_allreduce else None
+        tokens = self._run(batch, timer, allreduce)
         finished = self.scheduler.postprocess(batch, tokens)
         if recorder is not None:
             compiles = self.runner.compile_count()
             compiled, self._compiles = compiles != self._compiles, compiles
             wall = time.perf_counter() - t0
-            recorder.record(batch, timer, wall, self.runner.last_graph_batch_size, compiled)
+            allreduce_s = allreduce.total() if allreduce is not None else math.nan
+            recorder.record(batch, timer, wall, self.runner.last_graph_batch_size, compiled, allreduce_s)
         return finished
+
+    def _run(self, batch, timer, allreduce: AllReduceTimer | None) -> list[int]:
+        """Run the batch on every rank; rank 0's sampled tokens."""
+        if self.executor is None:
+            with time_all_reduces(allreduce):
+                return self.runner.run(batch, timer)
+        try:
+            self.executor.execute(batch)
+            with time_all_reduces(allreduce):
+                return self.runner.run(batch, timer)
+        except Exception as e:
+            self._raise_tp_failure(e, f"during step {self.executor.num_steps - 1}")
+
+    def _raise_tp_failure(self, exc: Exception, when: str) -> None:
+        """Close everything after `exc`; raise a RuntimeError naming a dead worker if one died."""
+        error = self.executor.failure(exc, when) if self.executor is not None else exc
+        self.close()
+        if error is exc:
+            raise exc
+        raise error from exc
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -195,19 +242,6 @@ def _resolve_dtype(dtype: str | None, spec: ModelSpec, device: torch.device) -> 
     if name not in _TORCH_DTYPES:
         raise ValueError(f"dtype: {name!r} is not one of {sorted(_TORCH_DTYPES)}")
     return _TORCH_DTYPES[name]
-
-
-def _tp_rank(tp: int) -> int:
-    if tp == 1:
-        return 0
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != tp:
-        raise ValueError(
-            f"tensor_parallel_size={tp}: start one process per rank with torch.distributed initialised "
-            f"(world size {tp}); the engine does not spawn them itself yet"
-        )
-    return dist.get_rank()
 
 
 def _load_tokenizer(model_dir: Path):

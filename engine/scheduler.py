@@ -420,11 +420,15 @@ class Scheduler:
         allocs: list[int] = []
         for idx, seq in enumerate(self.running):
             c = seq.num_computed_tokens
-            alloc_steps = range(len(seq.block_table) * bs - c + 1, k + 1, bs)  # a token opens a block
-            allocs.extend(alloc_steps)
-            events.extend((j, idx, 0) for j in alloc_steps)
-            if caching:  # steps that fill a block, which is then registered
-                events.extend((j, idx, 1) for j in range((seq.num_cached_blocks + 1) * bs - c, k + 1, bs))
+            first = len(seq.block_table) * bs - c + 1  # the step whose token opens a block
+            if first <= k:
+                alloc_steps = range(first, k + 1, bs)
+                allocs.extend(alloc_steps)
+                events.extend([(j, idx, 0) for j in alloc_steps])
+            if caching:  # the steps that fill a block, which is then registered
+                first = (seq.num_cached_blocks + 1) * bs - c
+                if first <= k:
+                    events.extend([(j, idx, 1) for j in range(first, k + 1, bs)])
         free = bm.num_free_blocks
         if len(allocs) > free:
             allocs.sort()

@@ -6,6 +6,7 @@ per-request frame with the same columns, so real replays are measured by the sam
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,10 +84,14 @@ def itl_histogram(
     """
     values = [np.fromiter(c.keys(), float, len(c)) for c in counts]
     weights = [np.fromiter(c.values(), float, len(c)) for c in counts]
-    for times, n in runs:
-        gaps = np.diff(np.asarray(times, dtype=float))
-        values.append(gaps)
-        weights.append(np.full(len(gaps), float(n)))
+    if runs:  # all runs at once: differences within each run, none across run boundaries
+        lengths = np.fromiter((len(t) for t, _ in runs), np.int64, len(runs))
+        times = np.fromiter(itertools.chain.from_iterable(t for t, _ in runs), float, int(lengths.sum()))
+        per_run = np.repeat(np.fromiter((n for _, n in runs), float, len(runs)), lengths)
+        inside = np.ones(len(times), bool)
+        inside[np.cumsum(lengths)[:-1]] = False  # the first end time of every run but the first
+        values.append(np.diff(times)[inside[1:]])
+        weights.append(per_run[1:][inside[1:]])
     if not values:
         return np.empty(0), np.empty(0)
     v, w = np.concatenate(values), np.concatenate(weights)
