@@ -38,7 +38,8 @@ class LLM:
     Tensor parallelism: `tensor_parallel_size` ranks, one process each (this one is rank 0, the
     others are spawned here and joined by `close()`), rendezvous on `dist_port` (default
     $KVPLAN_TP_PORT, else a free port); a collective that waits longer than `dist_timeout_s` fails.
-    `profile_allreduce` records each step's all-reduce time (synchronising around each one).
+    `profile_allreduce` records each step's all-reduce time (synchronising around each one; decode
+    steps replayed from a CUDA graph record NaN, so profile with `enforce_eager=True`).
     """
 
     def __init__(
@@ -88,6 +89,7 @@ class LLM:
             enforce_eager=enforce_eager,
             seed=seed,
         )
+        self.tokenizer = _load_tokenizer(self.model_dir)
         self.runner: ModelRunner | None = None
         self.executor: MultiprocExecutor | None = None
         if tp > 1:
@@ -101,19 +103,16 @@ class LLM:
                 self.model_dir, hf_config, spec, backend, device=self.device, tp_rank=0, tp_size=tp,
                 **runner_kwargs,
             )  # fmt: skip
+            self.cache_config = CacheConfig(
+                block_size, self.runner.num_kv_blocks, enable_prefix_caching, gpu_memory_utilization
+            )
         except Exception as e:
             self._raise_tp_failure(e, "while starting")
-        self.cache_config = CacheConfig(
-            block_size, self.runner.num_kv_blocks, enable_prefix_caching, gpu_memory_utilization
-        )
         self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager, clock=time.perf_counter)
         self.recorder = (
-            StepRecorder(tensor_parallel_size, block_size, cuda=self.device.type == "cuda")
-            if record_steps
-            else None
+            StepRecorder(tp, block_size, cuda=self.device.type == "cuda") if record_steps else None
         )
-        self.tokenizer = _load_tokenizer(self.model_dir)
         self._compiles = self.runner.compile_count()  # kernel variants compiled before serving
 
     @property
