@@ -30,6 +30,10 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--gpu", default=None, help="GPU type to label results with (default: the one detected)")
+    p.add_argument("--dist-port", type=int, default=None, help="TP rendezvous port (default: a free one)")
+    p.add_argument(
+        "--profile-allreduce", action="store_true", help="time TP all-reduces (use with --enforce-eager)"
+    )
 
 
 def detected_gpu(args: argparse.Namespace) -> str:
@@ -68,6 +72,8 @@ def _open_llm(args: argparse.Namespace, workdir: str):
         attention_backend=args.backend,
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tp,
+        dist_port=args.dist_port,
+        profile_allreduce=args.profile_allreduce,
     )
 
 
