@@ -8,6 +8,7 @@ Torch-free. Policies (`chunked`, `prefill_first`) are small strategy objects ove
 from __future__ import annotations
 
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -479,7 +480,7 @@ class Scheduler:
                 gap = t1 - seq.last_token_time
                 itl[gap] = itl.get(gap, 0) + 1
             if k > 1:
-                self.itl_runs.append((times[1:], len(running)))
+                self.itl_runs.append((array("d", times[1:]), len(running)))  # 8 bytes a step
         for seq in running:
             seq.num_computed_tokens += k
             seq.last_token_time = end

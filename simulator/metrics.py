@@ -6,7 +6,6 @@ per-request frame with the same columns, so real replays are measured by the sam
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,7 +85,7 @@ def itl_histogram(
     weights = [np.fromiter(c.values(), float, len(c)) for c in counts]
     if runs:  # all runs at once: differences within each run, none across run boundaries
         lengths = np.fromiter((len(t) for t, _ in runs), np.int64, len(runs))
-        times = np.fromiter(itertools.chain.from_iterable(t for t, _ in runs), float, int(lengths.sum()))
+        times = np.concatenate([np.asarray(t, dtype=float) for t, _ in runs])
         per_run = np.repeat(np.fromiter((n for _, n in runs), float, len(runs)), lengths)
         inside = np.ones(len(times), bool)
         inside[np.cumsum(lengths)[:-1]] = False  # the first end time of every run but the first
