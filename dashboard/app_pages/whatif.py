@@ -1,0 +1,254 @@
+"""What-if page: replay one trace on several serving configurations side by side (block size, batch
+limits, TP x replicas) and compare latency CDFs, throughput, KV usage, queues, preemptions and
+prefix hits, with a summary table that highlights the best configuration for a chosen objective.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+from pandas.io.formats.style import Styler
+from streamlit.delta_generator import DeltaGenerator
+
+from dashboard import figures, logic, state
+from simulator.models import preset_names, resolve_model
+
+BLOCK_SIZES = [8, 16, 32, 64, 128, 256]
+TPS = [1, 2, 4, 8]
+MAX_CONFIGS = 6
+VIEWS = ("Latency CDFs", "Throughput, KV and queues", "Preemptions and prefix hits")
+FORMATS = {
+    "TTFT p50 (ms)": "{:,.1f}",
+    "TTFT p99 (ms)": "{:,.1f}",
+    "TPOT p50 (ms)": "{:,.2f}",
+    "TPOT p99 (ms)": "{:,.2f}",
+    "E2E p50 (s)": "{:,.2f}",
+    "E2E p99 (s)": "{:,.2f}",
+    "throughput (req/s)": "{:,.2f}",
+    "output tok/s": "{:,.0f}",
+    "prefix hit rate": "{:.1%}",
+    "KV usage max": "{:.1%}",
+    "$/h": "${:,.2f}",
+    "$/M output tokens": "${:,.2f}",
+    "SLO attainment": "{:.1%}",
+}
+
+
+def config_column(i: int, default: logic.ConfigSpec, container: DeltaGenerator) -> logic.ConfigSpec:
+    """Widgets of configuration `i` in its own column."""
+    c = container
+    label = c.text_input("Name", default.label, key=f"wi_label_{i}")
+    block = c.selectbox(
+        "Block size", BLOCK_SIZES, index=BLOCK_SIZES.index(default.block_size), key=f"wi_block_{i}"
+    )
+    seqs = c.number_input("max_num_seqs", 1, 4096, default.max_num_seqs, key=f"wi_seqs_{i}")
+    tokens = c.number_input(
+        "max_num_batched_tokens",
+        16,
+        1_048_576,
+        default.max_num_batched_tokens,
+        step=1024,
+        key=f"wi_tokens_{i}",
+    )
+    tp = c.selectbox("TP", TPS, index=TPS.index(default.tensor_parallel_size), key=f"wi_tp_{i}")
+    replicas = c.number_input("Replicas", 1, 64, default.num_replicas, key=f"wi_replicas_{i}")
+    return logic.ConfigSpec(
+        label.strip() or f"config {i + 1}", int(block), int(seqs), int(tokens), int(tp), int(replicas)
+    )
+
+
+def unique_labels(specs: list[logic.ConfigSpec]) -> list[logic.ConfigSpec]:
+    seen: dict[str, int] = {}
+    out = []
+    for s in specs:
+        n = seen.get(s.label, 0)
+        seen[s.label] = n + 1
+        out.append(s if n == 0 else replace(s, label=f"{s.label} ({n + 1})"))
+    return out
+
+
+def _index(options: list[str], preferred: str) -> int:
+    return options.index(preferred) if preferred in options else 0
+
+
+def styled(table: pd.DataFrame, best: str | None) -> Styler:
+    def highlight(row: pd.Series) -> list[str]:
+        style = "background-color: rgba(46, 160, 67, 0.25); font-weight: bold" if row.name == best else ""
+        return [style] * len(row)
+
+    return table.style.apply(highlight, axis=1).format(
+        {k: v for k, v in FORMATS.items() if k in table}, na_rep="–"
+    )
+
+
+st.title("What-if: compare configurations")
+top = st.columns([2, 1, 1, 2])
+with top[0]:
+    trace_key, full_trace = state.trace_picker(
+        "Trace", "wi_trace", help="Pick, upload or generate on the Traffic page"
+    )
+models, gpus = preset_names(), logic.gpu_names()
+model_key = top[1].selectbox("Model", models, index=_index(models, "qwen3-8b"), key="wi_model")
+gpu = top[2].selectbox("GPU", gpus, index=_index(gpus, "H200-SXM"), key="wi_gpu")
+with top[3]:
+    latency_choice = state.latency_input("wi")
+
+row = st.columns(4)
+window = row[0].number_input(
+    "Replay window (s, 0 = whole trace)",
+    0.0,
+    1e7,
+    state.default_window_s(),
+    step=60.0,
+    key="wi_window",
+    help="Only the trace's first seconds are simulated, to keep the page interactive.",
+)
+rate_scale = row[1].number_input(
+    "Rate scale (x faster)",
+    0.01,
+    1000.0,
+    4.0,
+    step=0.5,
+    key="wi_rate",
+    help="Replay the trace this many times faster.",
+)
+policy = row[2].selectbox("Scheduler policy", ["chunked", "prefill_first"], key="wi_policy")
+prefix_caching = row[3].toggle("Prefix caching", value=True, key="wi_prefix")
+trace = logic.prepare_trace(full_trace, window or None, rate_scale)
+if window and window < full_trace.duration_s:
+    st.caption(
+        f"Simulating the first {window:,.0f} s of {full_trace.name} ({len(trace):,} of {len(full_trace):,} requests) "
+        f"at {rate_scale:g}x; the whole trace ({full_trace.duration_s:,.0f} s) takes about "
+        f"{full_trace.duration_s / max(window, 1):.0f}x longer per configuration. Set the window to 0 for all of it."
+    )
+else:
+    st.caption(
+        f"Simulating all of {full_trace.name} ({len(trace):,} requests) at {rate_scale:g}x"
+        + (": expect tens of seconds per configuration." if len(trace) > 5000 else ".")
+    )
+
+n = st.number_input("Configurations", 1, MAX_CONFIGS, len(logic.DEFAULT_CONFIGS), key="wi_n")
+with st.form("wi_configs", border=True):
+    cols = st.columns(int(n))
+    specs = []
+    for i in range(int(n)):
+        default = (
+            logic.DEFAULT_CONFIGS[i]
+            if i < len(logic.DEFAULT_CONFIGS)
+            else logic.ConfigSpec(f"config {i + 1}")
+        )
+        specs.append(config_column(i, default, cols[i]))
+    st.form_submit_button("Compare", type="primary")
+specs = unique_labels(specs)
+
+model = resolve_model(model_key)
+jobs: list[logic.SimJob | None] = []
+errors: dict[str, str] = {}
+common = {"policy": policy, "enable_prefix_caching": prefix_caching}
+for spec in specs:
+    try:
+        config = spec.to_sim_config(model, gpu, **common)
+        profile = logic.resolve_profile(
+            latency_choice, model_key, gpu, spec.block_size, spec.tensor_parallel_size
+        )
+        jobs.append(logic.SimJob(config, profile))
+    except ValueError as e:
+        errors[spec.label] = str(e)
+        jobs.append(None)
+
+trace_id = (trace_key, window or None, rate_scale)
+todo = [j for j in jobs if j is not None]
+t0 = time.perf_counter()
+with st.spinner(f"Simulating {len(todo)} configurations on {len(trace):,} requests…"):
+    outcomes = state.run_jobs(trace_id, trace, todo)
+wall = time.perf_counter() - t0
+results = {}
+it = iter(outcomes)
+for spec, job in zip(specs, jobs):
+    if job is None:
+        continue
+    out = next(it)
+    if isinstance(out, Exception):
+        errors[spec.label] = str(out)
+    else:
+        results[spec.label] = out
+for label, message in errors.items():
+    st.error(f"{label}: {message}")
+if not results:
+    st.stop()
+
+st.caption(f"{len(results)} configurations on {len(trace):,} requests in {wall:.1f} s (results are cached).")
+c1, c2 = st.columns([1, 3])
+objective = c1.selectbox("Best configuration by", list(logic.OBJECTIVES), key="wi_objective")
+with c2.expander("SLO (for the attainment column)", expanded=objective == "highest SLO attainment"):
+    slo = state.slo_inputs("wi")
+table = logic.summary_table(results, slo)
+best = logic.best_config(table, objective)
+if best:
+    st.success(f"Best by {objective}: **{best}**")
+else:
+    st.warning(f"No configuration has a value for {objective}.")
+st.dataframe(styled(table, best), key="wi_table")
+if table["latency model"].nunique() > 1:
+    st.warning(
+        "These configurations use different latency models (a fitted profile for some, the roofline for "
+        "others), so part of their difference comes from the models. Pick one latency model to compare like "
+        "with like."
+    )
+
+colors = figures.color_map(list(results))
+# One view at a time: drawing every chart at once makes the page slower to render than to simulate.
+c1, c2 = st.columns([3, 1])
+view = c1.radio("Charts", VIEWS, horizontal=True, key="wi_view")
+if view != VIEWS[2]:
+    st.markdown(figures.legend_html(colors), unsafe_allow_html=True)
+if view == VIEWS[0]:
+    log_x = c2.toggle("Log time axis", value=True, key="wi_log")
+    cols = st.columns(3)
+    for col, (metric, label) in zip(cols, logic.LATENCY_METRICS.items()):
+        col.plotly_chart(
+            figures.cdf_figure(logic.latency_cdfs(results, metric), label, colors, log_x, legend=False),
+            key=f"wi_cdf_{metric}",
+        )
+elif view == VIEWS[1]:
+    timeline = logic.cluster_timeline(results)
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(
+        figures.timeline_figure(
+            logic.token_throughput(results),
+            "output_tok_s",
+            "Output throughput",
+            "output tokens/s",
+            colors,
+            legend=False,
+        ),
+        key="wi_tput",
+    )
+    c2.plotly_chart(
+        figures.timeline_figure(
+            timeline, "kv_usage", "KV cache usage (mean over replicas)", "KV usage", colors, True, False
+        ),
+        key="wi_kv",
+    )
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(
+        figures.timeline_figure(
+            timeline, "num_waiting", "Queue length (waiting requests)", "requests", colors, legend=False
+        ),
+        key="wi_queue",
+    )
+    c2.plotly_chart(
+        figures.timeline_figure(
+            timeline, "num_running", "Running requests", "requests", colors, legend=False
+        ),
+        key="wi_running",
+    )
+else:
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(figures.bar_figure(table, "preemptions", "Preemptions", colors), key="wi_preempt")
+    c2.plotly_chart(
+        figures.bar_figure(table, "prefix hit rate", "Prefix hit rate", colors, True), key="wi_hits"
+    )

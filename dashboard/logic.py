@@ -1,0 +1,894 @@
+"""Pure helpers behind the dashboard pages: trace views, what-if comparisons, capacity plans,
+sim-vs-real tables and latency-profile curves, as plain objects and DataFrames.
+No streamlit here and no charts: pages call these (through `dashboard.state` caches) and hand the
+frames to `dashboard.figures`. Unit tested in tests/dashboard/test_logic.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import tempfile
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+import traces
+from engine.config import ModelSpec
+from simulator import plan, sweep, validate
+from simulator.config import SimConfig
+from simulator.latency import LatencyModel, LatencyProfile, StepShape, load_gpu_specs
+from simulator.latency.profile import PROFILE_FORMAT
+from simulator.metrics import SLO, add_latencies, summarize
+from simulator.run import SimResult, run_simulation
+from traces import Trace
+
+UPLOAD_LIMIT_BYTES = 50 * 2**20
+DEFAULT_WINDOW_S = 300.0  # what-if replay window: 4 configurations in < 10 s on 2 cores
+LATENCY_AUTO = "auto"
+LATENCY_ROOFLINE = "roofline"
+LATENCY_METRICS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
+
+
+# =============================================================================== traces
+
+
+@dataclass(frozen=True)
+class LoadedTrace:
+    """A trace read from uploaded bytes, with the loader's report and warnings (as text)."""
+
+    trace: Trace
+    report: str
+    warnings: tuple[str, ...] = ()
+
+
+def load_trace_bytes(data: bytes, filename: str, limit_bytes: int = UPLOAD_LIMIT_BYTES) -> LoadedTrace:
+    """Load an uploaded trace file (any format `traces.load` detects).
+
+    Raises ValueError with the loader's message (naming `filename`, the line and the field) for a
+    file that is too large, empty or malformed; never another exception type.
+    """
+    safe = Path(filename).name or "trace"
+    if len(data) > limit_bytes:
+        raise ValueError(
+            f"{safe}: {len(data) / 2**20:.1f} MiB is over the upload limit of {limit_bytes / 2**20:.0f} MiB; "
+            "cut the trace (e.g. `kvplan traces window`) or load it from disk"
+        )
+    with tempfile.TemporaryDirectory(prefix="kvplan-upload-") as tmp:
+        path = Path(tmp) / safe
+
+        def clean(text: str) -> str:
+            return text.replace(str(path), safe).replace(tmp + "/", "")
+
+        path.write_bytes(data)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                trace = traces.load(path, name=Path(safe).stem.split(".")[0] or "trace")
+        except (ValueError, FileNotFoundError) as e:  # TraceError is a ValueError
+            raise ValueError(clean(str(e))) from None
+        except Exception as e:  # a reader's own error on a corrupt file: still a message, not a traceback
+            raise ValueError(
+                f"{safe}: could not be read as a trace ({type(e).__name__}: {clean(str(e))})"
+            ) from None
+        report = clean(trace.load_report.summary()) if trace.load_report else f"{safe}: {len(trace)} rows"
+        return LoadedTrace(trace, report, tuple(clean(str(w.message)) for w in caught))
+
+
+def nice_step(raw: float) -> float:
+    """The smallest of 1, 2, 5 x 10^k that is >= raw (raw > 0)."""
+    if not raw > 0:
+        return 1.0
+    exp = math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 5.0, 10.0):
+        step = m * 10.0**exp
+        if step >= raw * (1 - 1e-12):
+            return step
+    return 10.0 ** (exp + 1)
+
+
+def auto_bin_s(duration_s: float, target_bins: int = 120) -> float:
+    """A round bin width that cuts `duration_s` into about `target_bins` bins."""
+    return nice_step(max(duration_s, 1e-3) / max(target_bins, 1))
+
+
+def arrival_rate(trace: Trace, bin_s: float | None = None) -> pd.DataFrame:
+    """Requests per bin of arrival time: columns time_s (bin start), requests, rate_rps."""
+    a = trace.df["arrival_s"].to_numpy(dtype=float)
+    if len(a) == 0:
+        return pd.DataFrame({"time_s": [], "requests": [], "rate_rps": []})
+    bin_s = bin_s or auto_bin_s(float(a[-1]))
+    edges = np.arange(0.0, float(a[-1]) + bin_s, bin_s)
+    if len(edges) < 2:
+        edges = np.array([0.0, bin_s])
+    counts, _ = np.histogram(a, bins=edges)
+    return pd.DataFrame({"time_s": edges[:-1], "requests": counts, "rate_rps": counts / bin_s})
+
+
+def histogram(values: Sequence[float] | np.ndarray, bins: int = 60, log: bool = True) -> pd.DataFrame:
+    """Counts of `values` in `bins` bins (log-spaced when `log` and all values > 0): columns
+    left, right, center, count. Binned here so that figures carry bins, not every request."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return pd.DataFrame(columns=["left", "right", "center", "count"])
+    lo, hi = float(v.min()), float(v.max())
+    if hi <= lo:
+        hi = lo + 1.0
+    if log and lo > 0:
+        edges = np.geomspace(lo, hi * (1 + 1e-9), bins + 1)
+        centers = np.sqrt(edges[:-1] * edges[1:])
+    else:
+        edges = np.linspace(lo, hi * (1 + 1e-9) if hi > 0 else hi + 1e-9, bins + 1)
+        centers = (edges[:-1] + edges[1:]) / 2
+    counts, _ = np.histogram(v, bins=edges)
+    return pd.DataFrame({"left": edges[:-1], "right": edges[1:], "center": centers, "count": counts})
+
+
+def trace_summary(trace: Trace) -> dict[str, Any]:
+    """Headline numbers of a trace (from `traces.trace_stats`) for metric tiles."""
+    s = traces.trace_stats(trace)
+    out = {
+        "requests": s.rows,
+        "duration_s": s.duration_s,
+        "rate_rps": s.rate_rps,
+        "interarrival_cv": s.interarrival_cv,
+        "prompt_mean": s.prompt.mean,
+        "prompt_p99": s.prompt.p99,
+        "output_mean": s.output.mean,
+        "output_p99": s.output.p99,
+        "sessions": s.sessions,
+        "block_reuse": s.prefix.block_reuse if s.prefix else None,
+        "token_reuse": s.prefix.token_reuse if s.prefix else None,
+    }
+    return out
+
+
+def prefix_reuse_curve(trace: Trace, points: int = 30) -> pd.DataFrame | None:
+    """Cumulative prefix reuse (infinite cache, `traces.prefix_reuse`) over the trace's first k rows,
+    at `points` arrival times: columns time_s, requests, block_reuse, token_reuse. None without prefix ids."""
+    if not trace.has_prefix_ids or len(trace) == 0:
+        return None
+    n = len(trace)
+    ks = np.unique(np.linspace(max(1, n // points), n, points).astype(int))
+    a = trace.df["arrival_s"].to_numpy()
+    rows = []
+    for k in ks:
+        head = trace.with_frame(trace.df.iloc[:k], validate=False)
+        r = traces.prefix_reuse(head)
+        rows.append((float(a[k - 1]), int(k), r.block_reuse, r.token_reuse))
+    return pd.DataFrame(rows, columns=["time_s", "requests", "block_reuse", "token_reuse"])
+
+
+def generator_spec(
+    *,
+    num_requests: int,
+    rate: float,
+    arrival: str = "poisson",
+    cv: float = 2.0,
+    prompt: str = "lognormal:1024,1.0",
+    output: str = "lognormal:256,0.8",
+    num_prefixes: int = 0,
+    prefix_len: int = 1024,
+    zipf: float = 1.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """A `traces.generate` spec from the Traffic page's generator widgets (length specs as text)."""
+    spec: dict[str, Any] = {
+        "name": f"generated-{arrival}-{rate:g}rps-seed{seed}",
+        "seed": int(seed),
+        "num_requests": int(num_requests),
+        "arrival": arrival,
+        "rate": float(rate),
+        "prompt": traces.parse_length_spec(prompt),
+        "output": traces.parse_length_spec(output),
+    }
+    if arrival == "gamma":
+        spec["cv"] = float(cv)
+    if num_prefixes > 0:
+        spec["shared_prefix"] = {
+            "num_prefixes": int(num_prefixes),
+            "prefix_len": int(prefix_len),
+            "zipf": zipf,
+        }
+    return spec
+
+
+def prepare_trace(trace: Trace, window_s: float | None = None, rate_scale: float = 1.0) -> Trace:
+    """The trace a simulation replays: its first `window_s` seconds (None: all), `rate_scale` x faster."""
+    out = trace
+    if window_s is not None and window_s > 0 and len(trace) and window_s < trace.duration_s:
+        out = traces.time_window(trace, 0.0, float(window_s))
+    if rate_scale != 1.0:
+        out = traces.scale_rate(out, factor=float(rate_scale))
+    return out
+
+
+# =============================================================================== what-if
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """One column of the what-if comparison: the knobs a user varies (the rest are page-wide)."""
+
+    label: str
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 16384
+    tensor_parallel_size: int = 1
+    num_replicas: int = 1
+
+    def to_sim_config(self, model: ModelSpec, gpu: str, **common: Any) -> SimConfig:
+        """The SimConfig (validated: ValueError names the field) for `model` on `gpu`."""
+        return SimConfig(
+            model=model,
+            gpu=gpu,
+            tensor_parallel_size=self.tensor_parallel_size,
+            num_replicas=self.num_replicas,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            **common,
+        )
+
+
+DEFAULT_CONFIGS = (
+    ConfigSpec("A: default"),
+    ConfigSpec("B: block 32", block_size=32),
+    ConfigSpec("C: small batch", max_num_seqs=64, max_num_batched_tokens=4096),
+    ConfigSpec("D: 2 replicas", num_replicas=2),
+)
+
+
+def resolve_profile(choice: str, model_key: str, gpu: str, block_size: int, tp: int) -> Path | None:
+    """Latency profile for one configuration: `auto` = the shipped fitted profile for model, GPU,
+    block size and TP if there is one (else roofline), `roofline` = None, otherwise a file path."""
+    if choice in (LATENCY_AUTO, LATENCY_ROOFLINE):
+        return sweep.profile_for(choice, model_key, gpu, block_size, tp)
+    path = Path(choice)
+    if not path.is_file():
+        raise ValueError(f"latency profile {path}: no such file")
+    return path
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One simulation to run: a configuration and its latency profile (None: roofline)."""
+
+    config: SimConfig
+    profile: Path | None = None
+
+    @property
+    def key(self) -> tuple[Hashable, ...]:
+        return (self.config, str(self.profile) if self.profile else None)
+
+
+def run_job(trace: Trace, job: SimJob) -> SimResult:
+    """Run one simulation (module level so that a process pool can pickle it)."""
+    return run_simulation(trace, job.config, profile=job.profile)
+
+
+def _outcome(fn: Callable[[], SimResult]) -> SimResult | Exception:
+    try:
+        return fn()
+    except (ValueError, FileNotFoundError) as e:
+        return e
+
+
+def run_jobs(
+    trace: Trace, jobs: Sequence[SimJob], executor: Executor | None = None
+) -> list[SimResult | Exception]:
+    """Run `jobs` on `trace`, in parallel on `executor` if given. A job whose configuration is
+    invalid yields its ValueError (with the library's message) in place of a result."""
+    if executor is None or len(jobs) <= 1:
+        return [_outcome(lambda j=j: run_job(trace, j)) for j in jobs]
+    futures = [executor.submit(run_job, trace, j) for j in jobs]
+    return [_outcome(f.result) for f in futures]
+
+
+class ResultStore:
+    """A thread-safe LRU of simulation outcomes keyed by (trace key, job key)."""
+
+    def __init__(self, max_entries: int = 64) -> None:
+        self.max_entries = max_entries
+        self._data: OrderedDict[Hashable, SimResult | Exception] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> SimResult | Exception | None:
+        with self._lock:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: Hashable, value: SimResult | Exception) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def run_jobs_cached(
+    store: ResultStore,
+    trace_key: Hashable,
+    trace: Trace,
+    jobs: Sequence[SimJob],
+    executor: Executor | None = None,
+) -> list[SimResult | Exception]:
+    """`run_jobs`, reusing outcomes already in `store` and running only the missing jobs."""
+    keys = [(trace_key, j.key) for j in jobs]
+    out: list[SimResult | Exception | None] = [store.get(k) for k in keys]
+    missing: dict[Hashable, SimJob] = {}
+    for key, job, o in zip(keys, jobs, out):
+        if o is None:
+            missing.setdefault(key, job)
+    fresh = dict(zip(missing, run_jobs(trace, list(missing.values()), executor)))
+    for key, value in fresh.items():
+        store.put(key, value)
+    out = [fresh[k] if o is None else o for k, o in zip(keys, out)]
+    return out  # type: ignore[return-value]
+
+
+def slo_attainment(requests: pd.DataFrame, slo: SLO | None) -> float | None:
+    """Share of requests that finished and met every objective of `slo` (None without objectives)."""
+    if slo is None or (slo.ttft_s is None and slo.tpot_s is None and slo.e2e_s is None) or not len(requests):
+        return None
+    return float(slo.met(requests).mean())
+
+
+# Summary-table columns: (label, summary key, scale). Latencies in ms (TTFT, TPOT) or s (E2E).
+SUMMARY_COLUMNS = (
+    ("TTFT p50 (ms)", "ttft_p50_s", 1e3),
+    ("TTFT p99 (ms)", "ttft_p99_s", 1e3),
+    ("TPOT p50 (ms)", "tpot_p50_s", 1e3),
+    ("TPOT p99 (ms)", "tpot_p99_s", 1e3),
+    ("E2E p50 (s)", "e2e_p50_s", 1.0),
+    ("E2E p99 (s)", "e2e_p99_s", 1.0),
+    ("throughput (req/s)", "throughput_rps", 1.0),
+    ("output tok/s", "output_tok_s", 1.0),
+    ("preemptions", "num_preemptions", 1),
+    ("prefix hit rate", "prefix_hit_rate", 1.0),
+    ("KV usage max", "kv_usage_max", 1.0),
+    ("queue max", "queue_len_max", 1),
+    ("finished", "num_finished", 1),
+    ("rejected", "num_rejected", 1),
+)
+# Objective name -> (column, True if larger is better).
+OBJECTIVES = {
+    "lowest p99 TTFT": ("TTFT p99 (ms)", False),
+    "lowest p99 TPOT": ("TPOT p99 (ms)", False),
+    "lowest p99 E2E": ("E2E p99 (s)", False),
+    "highest output tok/s": ("output tok/s", True),
+    "lowest $ per M output tokens": ("$/M output tokens", False),
+    "highest SLO attainment": ("SLO attainment", True),
+}
+
+
+def summary_table(results: Mapping[str, SimResult], slo: SLO | None = None) -> pd.DataFrame:
+    """One row per configuration label: shape, latency percentiles, throughput, KV, queue, cost."""
+    rows = []
+    for label, r in results.items():
+        s, c = r.summary, r.config
+        row: dict[str, Any] = {"config": label, "GPUs": c.num_gpus}
+        for name, key, scale in SUMMARY_COLUMNS:
+            value = s.get(key)
+            row[name] = float("nan") if value is None else value * scale
+        row["$/h"] = plan.cost_per_hour(c.gpu, c.num_gpus)
+        row["$/M output tokens"] = plan.cost_per_million_tokens(c.gpu, c.num_gpus, s.get("output_tok_s", 0.0))
+        att = slo_attainment(r.requests, slo)
+        row["SLO attainment"] = float("nan") if att is None else att
+        row.update(
+            {
+                "TP": c.tensor_parallel_size,
+                "replicas": c.num_replicas,
+                "block": c.block_size,
+                "max seqs": c.max_num_seqs,
+                "max batched tokens": c.max_num_batched_tokens,
+                "latency model": "fitted" if s.get("profile") else "roofline",
+            }
+        )
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("config") if rows else pd.DataFrame()
+
+
+def best_config(table: pd.DataFrame, objective: str) -> str | None:
+    """Label of the best row for `objective` (ties: fewer GPUs, then the first); None if no row has
+    a finite value (e.g. SLO attainment without objectives)."""
+    column, larger = OBJECTIVES[objective]
+    if table.empty or column not in table:
+        return None
+    values = pd.to_numeric(table[column], errors="coerce")
+    ok = np.isfinite(values.to_numpy(dtype=float))
+    if not ok.any():
+        return None
+    frame = pd.DataFrame({"v": -values if larger else values, "gpus": table["GPUs"]})[ok]
+    frame["order"] = range(len(frame))
+    return str(frame.sort_values(["v", "gpus", "order"], kind="stable").index[0])
+
+
+def latency_cdfs(results: Mapping[str, SimResult], metric: str, points: int = 300) -> pd.DataFrame:
+    """Empirical CDF of a per-request latency column for each config, at `points` quantiles
+    (so the plot stays small): columns config, value_s, quantile."""
+    frames = []
+    q = np.linspace(0.0, 1.0, points)
+    for label, r in results.items():
+        v = r.requests[metric].dropna().to_numpy(dtype=float)
+        if len(v) == 0:
+            continue
+        frames.append(pd.DataFrame({"config": label, "value_s": np.quantile(v, q), "quantile": q}))
+    return (
+        pd.concat(frames, ignore_index=True)
+        if frames
+        else pd.DataFrame(columns=["config", "value_s", "quantile"])
+    )
+
+
+def cluster_timeline(results: Mapping[str, SimResult]) -> pd.DataFrame:
+    """Per config and sample time: KV usage (mean over replicas), running and waiting (summed)."""
+    frames = []
+    for label, r in results.items():
+        t = r.timeline
+        if t.empty:
+            continue
+        g = t.groupby("time_s", sort=True).agg(
+            kv_usage=("kv_usage", "mean"),
+            num_running=("num_running", "sum"),
+            num_waiting=("num_waiting", "sum"),
+        )
+        frames.append(g.reset_index().assign(config=label))
+    cols = ["config", "time_s", "kv_usage", "num_running", "num_waiting"]
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def token_throughput(results: Mapping[str, SimResult], bins: int = 150) -> pd.DataFrame:
+    """Output tokens per second over time for each config; a request's tokens are spread evenly
+    from its first token to its finish. Columns config, time_s (bin start), output_tok_s."""
+    frames = []
+    for label, r in results.items():
+        df = r.requests.dropna(subset=["first_token_s", "finish_s"])
+        if df.empty:
+            continue
+        first = df["first_token_s"].to_numpy(float)
+        fin = df["finish_s"].to_numpy(float)
+        n = df["num_output_tokens"].to_numpy(float)
+        end = float(fin.max())
+        bin_s = auto_bin_s(end, bins)
+        edges = np.arange(0.0, end + bin_s, bin_s)
+        span = np.maximum(fin - first, 1e-12)
+        done = (edges[None, :] >= first[:, None]) + np.clip(
+            (edges[None, :] - first[:, None]) / span[:, None], 0.0, 1.0
+        ) * np.maximum(n - 1, 0)[:, None]
+        tokens = np.diff(done.sum(axis=0))
+        frames.append(pd.DataFrame({"config": label, "time_s": edges[:-1], "output_tok_s": tokens / bin_s}))
+    cols = ["config", "time_s", "output_tok_s"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+
+# =============================================================================== capacity plan
+
+
+def gpu_names() -> list[str]:
+    return list(load_gpu_specs())
+
+
+def pareto_mask(cost: Sequence[float], latency: Sequence[float]) -> np.ndarray:
+    """True for points that no other point beats on both axes (lower cost and lower latency)."""
+    c = np.asarray(cost, dtype=float)
+    lat = np.asarray(latency, dtype=float)
+    keep = np.isfinite(c) & np.isfinite(lat)
+    out = np.zeros(len(c), dtype=bool)
+    for i in np.flatnonzero(keep):
+        dominated = keep & (c <= c[i]) & (lat <= lat[i]) & ((c < c[i]) | (lat < lat[i]))
+        out[i] = not dominated.any()
+    return out
+
+
+def plan_objectives(
+    ttft_s: float | None, tpot_s: float | None, e2e_s: float | None, stat: str = "p99"
+) -> tuple[plan.Objective, ...]:
+    """`simulator.plan.Objective`s from the page's limits in seconds (None or 0: unconstrained)."""
+    objectives = tuple(
+        plan.Objective(metric, stat, float(limit))
+        for metric, limit in (("ttft", ttft_s), ("tpot", tpot_s), ("e2e", e2e_s))
+        if limit
+    )
+    if not objectives:
+        raise ValueError("SLO: set at least one latency objective")
+    return objectives
+
+
+def objectives_text(objectives: Sequence[plan.Objective]) -> str:
+    """`ttft_p99=2.0s,...`: the SLO string RunContext / parse_objectives read."""
+    return ",".join(f"{o.name}={o.limit_s!r}s" for o in objectives)
+
+
+def _simulate_point(ctx: sweep.RunContext, point: dict[str, Any]) -> dict[str, Any]:
+    return sweep.simulate_point(ctx, point)
+
+
+def point_evaluator(
+    ctx: sweep.RunContext,
+    executor: Executor | None = None,
+    on_wave: Callable[[int, int], None] | None = None,
+) -> tuple[Callable[[list[dict[str, Any]]], list[dict[str, Any]]], list[dict[str, Any]]]:
+    """An `evaluate(points) -> rows` for `simulator.plan` (on `executor` if given) and the list it
+    appends every evaluated row to (for the Pareto chart)."""
+    rows: list[dict[str, Any]] = []
+    waves = [0]
+
+    def evaluate(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        waves[0] += 1
+        if on_wave:
+            on_wave(waves[0], len(points))
+        if executor is None or len(points) <= 1:
+            got = [_simulate_point(ctx, p) for p in points]
+        else:
+            got = list(executor.map(_simulate_point, [ctx] * len(points), points))
+        rows.extend(got)
+        return got
+
+    return evaluate, rows
+
+
+@dataclass
+class PlanOutcome:
+    """`simulator.plan.find_plan`'s result, every simulated point, and the planned trace's size."""
+
+    result: Any  # simulator.plan.PlanResult
+    points: pd.DataFrame
+    num_requests: int
+
+
+def run_plan(
+    trace: Trace,
+    model_key: str,
+    latency_choice: str,
+    objectives: Sequence[Any],
+    rate: float,
+    gpus: Sequence[str],
+    tps: Sequence[int],
+    block_sizes: Sequence[int],
+    max_num_seqs: Sequence[int],
+    max_num_batched_tokens: Sequence[int],
+    max_gpus: int,
+    base: Mapping[str, Any] | None = None,
+    executor: Executor | None = None,
+    on_wave: Callable[[int, int], None] | None = None,
+) -> PlanOutcome:
+    """Cheapest configuration serving `trace` rescaled to `rate` req/s within `objectives`
+    (`simulator.plan.find_plan` over `plan_options`), plus a table of every point it simulated."""
+    scaled = traces.scale_rate(trace, target_rate=rate)
+    ctx = sweep.RunContext(scaled, model_key, latency_choice, objectives_text(objectives), trace.name)
+    evaluate, rows = point_evaluator(ctx, executor, on_wave)
+    options = plan.plan_options(gpus, tps, block_sizes, max_num_seqs, max_num_batched_tokens)
+    result = plan.find_plan(evaluate, options, objectives, max_gpus, rate, dict(base or {}))
+    return PlanOutcome(result, plan_points(rows, objectives), len(scaled))
+
+
+def plan_points(rows: Sequence[Mapping[str, Any]], objectives: Sequence[Any]) -> pd.DataFrame:
+    """Simulated plan points that ran: config, GPUs, cost, p99s, `meets_slo`, `failed` (why not)."""
+    ok_rows = [r for r in rows if r.get("error") is None]
+    if not ok_rows:
+        return pd.DataFrame()
+    df = pd.DataFrame.from_records(ok_rows)
+    failed = [plan.violations(r, objectives) for r in ok_rows]
+    df["meets_slo"] = [not f for f in failed]
+    df["failed"] = [plan.describe_violations(f) for f in failed]
+    df["num_gpus"] = df["tp"] * df["replicas"]
+    df["label"] = [
+        f"{r.replicas} x {r.gpu} TP{r.tp} (block {r.block_size}, seqs {r.max_num_seqs})"
+        for r in df.itertuples(index=False)
+    ]
+    return df.drop_duplicates("label").reset_index(drop=True)
+
+
+def plan_candidates(result: Any) -> pd.DataFrame:
+    """One row per option of a PlanResult: status, shape, replicas, GPUs, cost, p99s and the reason."""
+    rows = []
+    for c in result.candidates:
+        row = c.row or {}
+        o = c.option
+        rows.append(
+            {
+                "status": c.status,
+                "GPU": o.gpu,
+                "TP": o.tp,
+                "block": o.block_size,
+                "max seqs": o.max_num_seqs,
+                "max batched tokens": o.max_num_batched_tokens,
+                "replicas": c.replicas,
+                "GPUs": c.num_gpus,
+                "$/h": c.cost_per_hour,
+                "$/M output tokens": row.get("cost_per_million_output_tokens_usd"),
+                "TTFT p99 (s)": row.get("ttft_p99_s"),
+                "TPOT p99 (ms)": row["tpot_p99_s"] * 1e3 if row.get("tpot_p99_s") is not None else None,
+                "E2E p99 (s)": row.get("e2e_p99_s"),
+                "why": c.reason,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# =============================================================================== sim vs real
+
+# Folder kinds: `kvplan replay` output (re-simulated here), `kvplan validate` report output (its
+# sim_requests.parquet against the replay's requests.parquet), or a plain pair of request tables.
+REPLAY, REPORT, PAIR = "replay", "report", "pair"
+REAL_FILE = "real_requests.parquet"
+SIM_FILE = "sim_requests.parquet"
+STEPS_FILE = "steps.parquet"
+PROFILE_FILE = "profile.json"
+
+
+def validation_kind(folder: Path) -> str | None:
+    """REPLAY, REPORT or PAIR when `folder` holds that kind of validation run, else None."""
+    if all((folder / f).is_file() for f in validate.REQUIRED_FILES):
+        return REPLAY
+    if (folder / "validation.json").is_file() and (folder / SIM_FILE).is_file():
+        return REPORT
+    if (folder / REAL_FILE).is_file() and (folder / SIM_FILE).is_file():
+        return PAIR
+    return None
+
+
+def find_validation_runs(root: str | Path, max_depth: int = 3) -> list[tuple[Path, str]]:
+    """(folder, kind) of every validation run under `root` (itself included, `max_depth` levels down)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    level = [root]
+    for _ in range(max_depth + 1):
+        nxt = []
+        for d in level:
+            kind = validation_kind(d)
+            if kind:
+                found.append((d, kind))
+            try:
+                nxt.extend(sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")))
+            except OSError:
+                continue
+        level = nxt
+    return sorted(found)
+
+
+@dataclass
+class ValidationView:
+    """What the Sim vs real page shows of one run."""
+
+    name: str
+    kind: str
+    table: pd.DataFrame  # simulator.validate.compare: metric, real, sim, rel_error, target, ok
+    real: pd.DataFrame  # per-request frames with ttft_s, tpot_s, e2e_s
+    sim: pd.DataFrame
+    steps: pd.DataFrame | None  # step records with predicted_s, measured_s, residual (relative)
+    note: str = ""
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for a bad file
+        raise ValueError(f"{path}: cannot read Parquet ({type(e).__name__}: {e})") from None
+
+
+def _requests(path: Path) -> pd.DataFrame:
+    df = _read_parquet(path)
+    needed = ("request_id", "arrival_s", "first_token_s", "finish_s", "num_output_tokens", "finish_reason")
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: not a per-request table; missing column(s) {missing}")
+    return add_latencies(df)
+
+
+def _compare(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
+    return validate.compare(summarize(real), summarize(sim))
+
+
+def load_validation(folder: str | Path, kind: str, profile: Path | None = None) -> ValidationView:
+    """Load (for REPLAY: re-simulate with `profile`, None = roofline) one validation run.
+
+    Step residuals use the records' own `predicted_s` when present, else `profile` (or the folder's
+    profile.json). ValueError / FileNotFoundError name the file at fault."""
+    folder = Path(folder)
+    if kind == REPLAY:
+        v = validate.validate_run(folder, profile)
+        steps = None if v.steps is None else _usable_steps(v.steps)
+        return ValidationView(folder.name, kind, v.table, v.real, v.sim.requests, steps)
+    sim = _requests(folder / SIM_FILE)
+    if kind == REPORT:
+        meta = json.loads((folder / "validation.json").read_text())
+        run_dir = Path(meta.get("run_dir", ""))
+        if not (run_dir / "requests.parquet").is_file():
+            raise FileNotFoundError(
+                f"{folder / 'validation.json'}: run_dir {run_dir} has no requests.parquet"
+            )
+        real = _requests(run_dir / "requests.parquet")
+        steps_path = run_dir / STEPS_FILE
+    elif kind == PAIR:
+        real = _requests(folder / REAL_FILE)
+        steps_path = folder / STEPS_FILE
+    else:
+        raise ValueError(f"{folder}: unknown validation kind {kind!r}")
+    steps, note = None, ""
+    if steps_path.is_file():
+        records = _read_parquet(steps_path)
+        profile = profile or (folder / PROFILE_FILE if (folder / PROFILE_FILE).is_file() else None)
+        if "predicted_s" in records.columns:
+            steps = _usable_steps(records.assign(measured_s=records[measured_column(records)]))
+            steps["residual"] = (steps["predicted_s"] - steps["measured_s"]) / steps["measured_s"]
+        elif profile is not None:
+            steps = step_residuals(records, LatencyProfile.load(profile).to_latency_model())
+        else:
+            note = f"{steps_path.name} has no predicted_s column and no profile was given: no step residuals"
+    return ValidationView(folder.name, kind, _compare(real, sim), real, sim, steps, note)
+
+
+def paired_requests(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
+    """Requests present in both runs, joined on request_id: columns `<metric>_real`, `<metric>_sim`."""
+    cols = ["request_id", *LATENCY_METRICS]
+    return real[cols].merge(sim[cols], on="request_id", suffixes=("_real", "_sim"))
+
+
+def measured_column(records: pd.DataFrame) -> str:
+    """The measured step time: gpu_time_s when present (and not all missing), else wall_time_s."""
+    if "gpu_time_s" in records.columns and records["gpu_time_s"].notna().any():
+        return "gpu_time_s"
+    if "wall_time_s" in records.columns:
+        return "wall_time_s"
+    raise ValueError("step records: no gpu_time_s or wall_time_s column")
+
+
+def _usable_steps(records: pd.DataFrame) -> pd.DataFrame:
+    """Records a residual means something for: not empty, not compiling, positive measured time."""
+    keep = records["kind"].astype(str) != "empty"
+    if "compiled" in records.columns:
+        keep &= ~records["compiled"].fillna(False).astype(bool)
+    if "measured_s" in records.columns:
+        keep &= pd.to_numeric(records["measured_s"], errors="coerce") > 0
+    return records[keep].reset_index(drop=True)
+
+
+def step_residuals(records: pd.DataFrame, model: LatencyModel) -> pd.DataFrame:
+    """`simulator.validate.step_residuals` on the usable records: predicted_s, measured_s and the
+    relative residual (predicted - measured) / measured."""
+    usable = _usable_steps(records)
+    usable = usable[pd.to_numeric(usable[measured_column(usable)], errors="coerce") > 0].reset_index(
+        drop=True
+    )
+    if usable.empty:
+        return usable.assign(predicted_s=[], measured_s=[], residual=[])
+    return validate.step_residuals(usable, model)
+
+
+def residual_summary(res: pd.DataFrame) -> pd.DataFrame:
+    """Per step kind: steps, median and p90 |relative residual|, mean relative residual (bias)."""
+    cols = ["kind", "steps", "median |rel. error|", "p90 |rel. error|", "bias"]
+    if res is None or res.empty:
+        return pd.DataFrame(columns=cols)
+    g = res.assign(abs_rel=res["residual"].abs()).groupby("kind")
+    out = pd.DataFrame(
+        {
+            "steps": g.size(),
+            "median |rel. error|": g["abs_rel"].median(),
+            "p90 |rel. error|": g["abs_rel"].quantile(0.9),
+            "bias": g["residual"].mean(),
+        }
+    ).reset_index()
+    return out[cols]
+
+
+def read_step_records(data: bytes, filename: str) -> pd.DataFrame:
+    """Step records from uploaded Parquet or CSV bytes (ValueError naming the file when unreadable)."""
+    safe = Path(filename).name
+    try:
+        if data[:4] == b"PAR1":
+            df = pd.read_parquet(io.BytesIO(data))
+        else:
+            df = pd.read_csv(io.BytesIO(data))
+    except Exception as e:
+        raise ValueError(f"{safe}: cannot read step records ({type(e).__name__}: {e})") from None
+    missing = [c for c in ("kind", "num_seqs", "total_num_scheduled_tokens") if c not in df.columns]
+    if missing:
+        raise ValueError(f"{safe}: not step records; missing column(s) {missing}")
+    return df
+
+
+# =============================================================================== latency profiles
+
+
+def profile_files(*dirs: str | Path) -> list[Path]:
+    """Latency profile JSON files (format kvplan.latency_profile) in `dirs`, sorted; missing folders
+    and other JSON files (run.json, validation.json) are skipped."""
+    out: list[Path] = []
+    for d in dirs:
+        p = Path(d)
+        if not p.is_dir():
+            continue
+        for f in sorted(p.glob("*.json")):
+            try:
+                if json.loads(f.read_text()).get("format") == PROFILE_FORMAT:
+                    out.append(f)
+            except (OSError, ValueError, AttributeError):
+                continue
+    return out
+
+
+def profile_coefficients(profile: Any) -> pd.DataFrame:
+    """A LatencyProfile's fits as rows: fit (decode / prefill), feature, coefficient."""
+    rows = []
+    for kind in ("decode", "prefill"):
+        fit = getattr(profile, kind)
+        for feature, coef in zip(fit.features, fit.coefficients):
+            rows.append({"fit": kind, "feature": feature, "coefficient": coef})
+    return pd.DataFrame(rows)
+
+
+def profile_errors(profile: Any) -> pd.DataFrame:
+    """A LatencyProfile's held-back error per fit (empty where the fit has none)."""
+    rows = []
+    for kind in ("decode", "prefill"):
+        err = getattr(profile, kind).error
+        if err is not None:
+            rows.append(
+                {
+                    "fit": kind,
+                    "train steps": err.n_train,
+                    "held-back steps": err.n_test,
+                    "median rel. error": err.median_rel_error,
+                    "p90 rel. error": err.p90_rel_error,
+                    "max rel. error": err.max_rel_error,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def decode_curves(
+    model: LatencyModel, batch_sizes: Sequence[int], context_lens: Sequence[int]
+) -> pd.DataFrame:
+    """Decode step time against batch size, one curve per context length per sequence:
+    columns num_seqs, context_len, step_ms."""
+    rows = []
+    for ctx in context_lens:
+        for b in batch_sizes:
+            t = model.decode_step_time(int(b), int(b) * int(ctx), int(ctx) + 1)
+            rows.append({"num_seqs": int(b), "context_len": int(ctx), "step_ms": t * 1e3})
+    return pd.DataFrame(rows)
+
+
+def prefill_curves(
+    model: LatencyModel, token_counts: Sequence[int], cached: Sequence[int] = (0,)
+) -> pd.DataFrame:
+    """Step time of one sequence's prefill chunk of n new tokens after `cached` tokens already in
+    the KV cache: columns new_tokens, cached_tokens, step_ms, and the StepTime parts in ms."""
+    rows = []
+    for c in cached:
+        for n in token_counts:
+            n, c = int(n), int(c)
+            shape = StepShape("prefill", 1, 1, n, n, c, c + n, n * (c + (n + 1) / 2), c)
+            t = model.predict(shape)
+            rows.append(
+                {
+                    "new_tokens": n,
+                    "cached_tokens": c,
+                    "step_ms": t.total * 1e3,
+                    "linear_ms": t.linear * 1e3,
+                    "attention_ms": t.attention * 1e3,
+                    "communication_ms": t.communication * 1e3,
+                    "overhead_ms": t.overhead * 1e3,
+                }
+            )
+    return pd.DataFrame(rows)

@@ -1,0 +1,211 @@
+"""Streamlit-side state for the pages: cached traces, the session's trace registry, the shared
+simulation result store and the worker pool that runs what-if and plan simulations in parallel.
+
+Caching and session bookkeeping only; what is computed lives in `dashboard.logic`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+import streamlit as st
+
+import traces
+from dashboard import logic
+from simulator.cli import DEFAULT_TRACE
+from simulator.metrics import SLO
+from simulator.run import SimResult
+from traces import Trace
+
+SHIPPED = "shipped:"
+UPLOADED = "uploaded:"
+GENERATED = "generated:"
+_REGISTRY = "kvplan_traces"  # session_state: {trace key: (label, Trace)} for uploads and generated
+ACTIVE_TRACE = "kvplan_active_trace"  # session_state: the key the Traffic page last showed
+WORKERS_ENV = "KVPLAN_DASHBOARD_WORKERS"
+WINDOW_ENV = "KVPLAN_DASHBOARD_WINDOW_S"
+T = TypeVar("T")
+
+
+@st.cache_resource(show_spinner="Loading trace…", max_entries=8)
+def shipped_trace(name: str) -> Trace:
+    return traces.load_shipped(name)
+
+
+@st.cache_resource(show_spinner="Generating trace…", max_entries=16)
+def generated_trace(spec_json: str) -> Trace:
+    return traces.generate(json.loads(spec_json))
+
+
+def _registry() -> dict[str, tuple[str, Trace]]:
+    return st.session_state.setdefault(_REGISTRY, {})
+
+
+def add_uploaded(data: bytes, filename: str) -> str:
+    """Load an upload (ValueError with the loader's message if malformed); returns its trace key."""
+    key = UPLOADED + hashlib.sha1(data).hexdigest()[:16]
+    reg = _registry()
+    if key not in reg:
+        loaded = logic.load_trace_bytes(data, filename)
+        reg[key] = (f"uploaded: {filename}", loaded.trace)
+        st.session_state[f"{key}:report"] = (loaded.report, loaded.warnings)
+    return key
+
+
+def upload_report(key: str) -> tuple[str, tuple[str, ...]] | None:
+    return st.session_state.get(f"{key}:report")
+
+
+def add_generated(spec: dict[str, Any]) -> str:
+    """Generate (cached by spec) and register a synthetic trace; returns its trace key."""
+    spec_json = json.dumps(spec, sort_keys=True)
+    key = GENERATED + hashlib.sha1(spec_json.encode()).hexdigest()[:16]
+    _registry()[key] = (f"generated: {spec['name']}", generated_trace(spec_json))
+    return key
+
+
+def trace_options() -> dict[str, str]:
+    """Trace key -> label: the shipped samples, then this session's uploads and generated traces."""
+    out = {SHIPPED + name: name for name in traces.shipped_names()}
+    out.update({key: label for key, (label, _) in _registry().items()})
+    return out
+
+
+def get_trace(key: str) -> Trace:
+    if key.startswith(SHIPPED):
+        return shipped_trace(key[len(SHIPPED) :])
+    return _registry()[key][1]
+
+
+def trace_picker(
+    label: str, key: str, default: str | None = None, help: str | None = None
+) -> tuple[str, Trace]:
+    """A select box over `trace_options()`; defaults to the trace the Traffic page last showed."""
+    options = trace_options()
+    keys = list(options)
+    if key in st.session_state and st.session_state[key] not in options:
+        del st.session_state[key]  # a trace from another session or an expired upload
+    preferred = st.session_state.get(ACTIVE_TRACE) or default or SHIPPED + DEFAULT_TRACE
+    index = keys.index(preferred) if preferred in options else 0
+    choice = st.selectbox(label, keys, index=index, format_func=options.__getitem__, key=key, help=help)
+    return choice, get_trace(choice)
+
+
+# ------------------------------------------------------------------------------- simulations
+
+
+@st.cache_resource
+def result_store() -> logic.ResultStore:
+    return logic.ResultStore(max_entries=96)
+
+
+def default_window_s() -> float:
+    """The what-if page's default replay window: $KVPLAN_DASHBOARD_WINDOW_S, else logic.DEFAULT_WINDOW_S."""
+    try:
+        return max(0.0, float(os.environ[WINDOW_ENV]))
+    except (KeyError, ValueError):
+        return logic.DEFAULT_WINDOW_S
+
+
+def num_workers() -> int:
+    """Worker processes for simulations: $KVPLAN_DASHBOARD_WORKERS, else min(4, CPUs)."""
+    raw = os.environ.get(WORKERS_ENV)
+    if raw:
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            pass
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _main_is_importable() -> bool:
+    """Whether worker processes can re-import __main__ (forkserver does): a module run with -m,
+    or a script file; not code read from stdin or a notebook."""
+    main = sys.modules.get("__main__")
+    if getattr(main, "__spec__", None) is not None:
+        return True
+    path = getattr(main, "__file__", None)
+    return bool(path) and os.path.isfile(path)
+
+
+@st.cache_resource
+def executor() -> Executor | None:
+    """A process pool (forkserver with the library preloaded) or None to simulate in-process."""
+    workers = num_workers()
+    if workers <= 1 or not _main_is_importable():
+        return None
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["dashboard.logic"])
+    return ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+
+
+def warm_pool() -> None:
+    """Start the worker processes now (without waiting), so the first comparison does not pay for it."""
+    pool = executor()
+    if pool is not None and not st.session_state.get("_kvplan_pool_warm"):
+        st.session_state["_kvplan_pool_warm"] = True
+        for _ in range(num_workers()):
+            pool.submit(logic.nice_step, 1.0)
+
+
+def with_pool(fn: Callable[[Executor | None], T]) -> T:
+    """`fn(pool)`; if the pool broke (a worker died), drop it and run `fn(None)` in-process."""
+    try:
+        return fn(executor())
+    except BrokenProcessPool:
+        executor.clear()
+        return fn(None)
+
+
+def run_jobs(trace_key: Hashable, trace: Trace, jobs: Sequence[logic.SimJob]) -> list[SimResult | Exception]:
+    """Simulate `jobs`, reusing results cached under (trace key, job)."""
+    return with_pool(lambda pool: logic.run_jobs_cached(result_store(), trace_key, trace, jobs, pool))
+
+
+# ------------------------------------------------------------------------------- shared widgets
+
+
+def latency_input(prefix: str) -> str:
+    """Latency model choice: auto (shipped fitted profile where one matches), roofline, or a profile."""
+    from simulator.run import SHIPPED_PROFILE_DIR
+
+    options = [
+        logic.LATENCY_AUTO,
+        logic.LATENCY_ROOFLINE,
+        *map(str, logic.profile_files(SHIPPED_PROFILE_DIR)),
+    ]
+    names = {
+        logic.LATENCY_AUTO: "auto: shipped fitted profile if one matches, else roofline",
+        logic.LATENCY_ROOFLINE: "roofline (analytic, from the GPU spec table)",
+    }
+    return st.selectbox(
+        "Latency model",
+        options,
+        format_func=lambda o: names.get(o, f"profile: {os.path.basename(o)}"),
+        key=f"{prefix}_latency",
+        help="A fitted profile applies only to its own model, GPU, TP and block size; "
+        "configurations that differ from it are reported as errors.",
+    )
+
+
+def slo_inputs(prefix: str, ttft_s: float = 2.0, tpot_ms: float = 80.0, e2e_s: float = 0.0) -> SLO:
+    """SLO objectives (0 = unconstrained) as an SLO."""
+    c1, c2, c3 = st.columns(3)
+    ttft = c1.number_input(
+        "TTFT objective (s)", 0.0, 600.0, ttft_s, 0.1, key=f"{prefix}_slo_ttft", help="0 = none"
+    )
+    tpot = c2.number_input(
+        "TPOT objective (ms)", 0.0, 10_000.0, tpot_ms, 5.0, key=f"{prefix}_slo_tpot", help="0 = none"
+    )
+    e2e = c3.number_input(
+        "E2E objective (s)", 0.0, 3600.0, e2e_s, 1.0, key=f"{prefix}_slo_e2e", help="0 = none"
+    )
+    return SLO(ttft_s=ttft or None, tpot_s=tpot / 1e3 if tpot else None, e2e_s=e2e or None)

@@ -1,0 +1,233 @@
+"""AppTest smoke tests, one or more per dashboard page: each runs the page, changes widgets, and
+checks that figures and tables update and that no exception is shown."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+from dash_apptest import app_on, button, charts, frame, no_exceptions, texts
+from dash_samples import step_records
+
+# ---- Traffic ----------------------------------------------------------------------------------------
+
+
+def test_traffic_shipped_trace_and_widgets():
+    at = app_on("traffic")
+    no_exceptions(at)
+    first = charts(at)
+    assert {"traffic_rate_chart", "traffic_prompt_chart", "traffic_output_chart"} <= set(first)
+    assert at.metric[0].value == "19,366"
+    at.selectbox(key="traffic_shipped").set_value("mooncake_synthetic").run()
+    no_exceptions(at)
+    second = charts(at)
+    assert at.metric[0].value != "19,366"
+    assert second["traffic_rate_chart"]["data"] != first["traffic_rate_chart"]["data"]
+    assert second["traffic_reuse_chart"]["data"]  # Mooncake carries prefix ids: a reuse curve
+    assert "traffic_reuse_chart" not in first  # Azure does not: a caption says so
+    assert any(m.label == "Prefix token reuse" for m in at.metric)
+    assert first["traffic_prompt_chart"]["layout"]["xaxis"]["type"] == "log"
+    at.toggle(key="traffic_log").set_value(False).run()
+    assert charts(at)["traffic_prompt_chart"]["layout"]["xaxis"].get("type", "linear") == "linear"
+    assert at.session_state["kvplan_active_trace"] == "shipped:mooncake_synthetic"
+
+
+def test_traffic_upload_malformed_shows_the_loader_error():
+    at = app_on("traffic")
+    at.radio(key="traffic_source").set_value("Upload a file").run()
+    assert any("Upload a trace" in t for t in texts(at.info))
+    bad = b"arrival_s,prompt_len,output_len\n0.0,100,20\n0.5,-3,30\n"
+    at.file_uploader(key="traffic_upload").set_value(("broken.csv", bad, "text/csv")).run()
+    no_exceptions(at)
+    errors = texts(at.error)
+    assert len(errors) == 1 and "broken.csv" in errors[0] and "prompt_len" in errors[0]
+    assert "Traceback" not in errors[0]
+    good = b"arrival_s,prompt_len,output_len\n" + b"".join(b"%d.0,%d,20\n" % (i, 100 + i) for i in range(50))
+    at.file_uploader(key="traffic_upload").set_value(("good.csv", good, "text/csv")).run()
+    no_exceptions(at)
+    assert not at.error and at.metric[0].value == "50"
+    assert at.session_state["kvplan_active_trace"].startswith("uploaded:")
+
+
+def test_traffic_generate():
+    at = app_on("traffic")
+    at.radio(key="traffic_source").set_value("Generate").run()
+    at.number_input(key="gen_num").set_value(500)
+    at.number_input(key="gen_prefixes").set_value(4)
+    button(at, "Generate").click().run()
+    no_exceptions(at)
+    assert at.metric[0].value == "500"
+    assert charts(at)["traffic_reuse_chart"]["data"]
+    at.text_input(key="gen_prompt").set_value("nonsense:1")
+    button(at, "Generate").click().run()
+    no_exceptions(at)
+    assert any("Could not generate" in t for t in texts(at.error))
+
+
+# ---- What-if --------------------------------------------------------------------------------------------
+
+
+def test_whatif_compares_and_updates():
+    at = app_on("whatif", wi_window=30.0)
+    no_exceptions(at)
+    table = frame(at, "TTFT p99 (ms)")
+    assert list(table.index) == ["A: default", "B: block 32", "C: small batch", "D: 2 replicas"]
+    assert table.loc["D: 2 replicas", "GPUs"] == 2
+    assert any("Best by lowest p99 TTFT" in t for t in texts(at.success))
+    first = charts(at)
+    assert {"wi_cdf_ttft_s", "wi_cdf_tpot_s", "wi_cdf_e2e_s"} <= set(first)
+    assert len(first["wi_cdf_e2e_s"]["data"]) == 4
+    # Change configuration C and compare again: its row and curves change.
+    at.number_input(key="wi_seqs_2").set_value(4)
+    button(at, "Compare").click().run()
+    no_exceptions(at)
+    table2 = frame(at, "TTFT p99 (ms)")
+    assert table2.loc["C: small batch", "max seqs"] == 4
+    assert table2.loc["C: small batch", "E2E p99 (s)"] != table.loc["C: small batch", "E2E p99 (s)"]
+    assert charts(at)["wi_cdf_e2e_s"]["data"][2] != first["wi_cdf_e2e_s"]["data"][2]
+    # The other chart views.
+    at.radio(key="wi_view").set_value("Throughput, KV and queues").run()
+    no_exceptions(at)
+    views = charts(at)
+    assert {"wi_tput", "wi_kv", "wi_queue", "wi_running"} <= set(views) and "wi_cdf_e2e_s" not in views
+    assert len(views["wi_kv"]["data"]) == 4
+    at.radio(key="wi_view").set_value("Preemptions and prefix hits").run()
+    assert {"wi_preempt", "wi_hits"} <= set(charts(at))
+    # A different objective picks (and says) its own best.
+    at.selectbox(key="wi_objective").set_value("highest output tok/s").run()
+    assert any("Best by highest output tok/s" in t for t in texts(at.success))
+
+
+def test_whatif_two_configs_other_model_and_trace():
+    at = app_on("whatif", wi_window=20.0, wi_n=2)
+    no_exceptions(at)
+    assert len(frame(at, "TTFT p99 (ms)")) == 2
+    at.selectbox(key="wi_tp_1").set_value(8)
+    at.selectbox(key="wi_model").set_value("qwen3-0.6b")
+    button(at, "Compare").click().run()
+    no_exceptions(at)
+    table = frame(at, "TTFT p99 (ms)")
+    assert table["TP"].tolist() == [1, 8] and table["GPUs"].tolist() == [1, 8]
+    at.selectbox(key="wi_trace").set_value("shipped:mooncake_synthetic")
+    at.number_input(key="wi_window").set_value(60.0).run()
+    no_exceptions(at)
+    assert (frame(at, "prefix hit rate")["prefix hit rate"] > 0).all()  # Mooncake shares prefixes
+    assert any("mooncake_synthetic" in t for t in texts(at.caption))
+
+
+# ---- Capacity plan --------------------------------------------------------------------------------------
+
+
+def test_capacity_plan():
+    at = app_on("capacity")
+    no_exceptions(at)
+    assert any("press **Plan**" in t for t in texts(at.info))
+    at.number_input(key="cap_window").set_value(20.0)
+    at.number_input(key="cap_rate").set_value(6.0)
+    button(at, "Plan").click().run()
+    no_exceptions(at)
+    assert any("Recommended" in t for t in texts(at.success)), texts(at.warning)
+    cands = frame(at, "why")
+    assert cands.iloc[0]["status"] == "best" and len(cands) == 4
+    pareto = charts(at)["cap_pareto"]
+    assert any(t.get("name") == "recommended" for t in pareto["data"])
+    assert "E2E" in pareto["layout"]["xaxis"]["title"]["text"]
+    at.radio(key="cap_pareto_metric").set_value("TTFT").run()
+    assert "TTFT" in charts(at)["cap_pareto"]["layout"]["xaxis"]["title"]["text"]
+    # Impossible objectives: a warning with the closest miss, no exception.
+    at.number_input(key="cap_ttft").set_value(0.001)
+    at.number_input(key="cap_max_gpus").set_value(2)
+    button(at, "Plan").click().run()
+    no_exceptions(at)
+    assert any("No configuration meets" in t for t in texts(at.warning))
+
+
+def test_capacity_rejects_no_objective():
+    at = app_on("capacity")
+    at.number_input(key="cap_ttft").set_value(0.0)
+    at.number_input(key="cap_tpot").set_value(0.0)
+    button(at, "Plan").click().run()
+    no_exceptions(at)
+    assert any("at least one latency objective" in t for t in texts(at.error))
+
+
+# ---- Sim vs real ----------------------------------------------------------------------------------------
+
+
+def test_validation_empty_state(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVPLAN_VALIDATION_DIR", str(tmp_path))
+    at = app_on("validation")
+    no_exceptions(at)
+    assert any("No validation runs found" in t for t in texts(at.info))
+
+
+def test_validation_runs(validation_root, monkeypatch):
+    monkeypatch.setenv("KVPLAN_VALIDATION_DIR", str(validation_root))
+    at = app_on("validation")
+    no_exceptions(at)
+    assert frame(at, "rel_error")["metric"].iloc[0] == "throughput_rps"
+    first = charts(at)
+    assert {"val_errors", "val_scatter", "val_residuals"} <= set(first)
+    at.radio(key="val_metric").set_value("E2E").run()
+    assert charts(at)["val_scatter"]["data"][0]["x"] != first["val_scatter"]["data"][0]["x"]
+    # The replay folder is re-simulated (roofline without a profile; residuals against it).
+    replay = next(o for o in at.selectbox(key="val_run").options if "replay" in o)
+    at.selectbox(key="val_run").set_value(replay).run()
+    no_exceptions(at)
+    assert frame(at, "rel_error")["rel_error"].abs().max() > 0.01
+    assert "val_residuals" in charts(at)
+    # With the fitted profile beside the pair run, the re-simulation matches the "real" run closely.
+    profile = next(o for o in at.selectbox(key="val_profile").options if o and o.endswith("profile.json"))
+    at.selectbox(key="val_profile").set_value(profile).run()
+    no_exceptions(at)
+    assert frame(at, "rel_error").set_index("metric").loc["e2e_p50_s", "rel_error"] == pytest.approx(
+        0, abs=0.05
+    )
+
+
+# ---- Engine profile -------------------------------------------------------------------------------------
+
+
+def test_profile_roofline_then_step_records():
+    at = app_on("profile")
+    no_exceptions(at)
+    assert {"prof_decode", "prof_prefill", "prof_breakdown"} <= set(charts(at))
+    assert any("Upload step records" in t for t in texts(at.info))
+    at.selectbox(key="prof_source").set_value("roofline (no profile)…").run()
+    no_exceptions(at)
+    first = charts(at)
+    at.selectbox(key="prof_tp").set_value(2).run()
+    no_exceptions(at)
+    assert charts(at)["prof_decode"]["data"][0]["y"] != first["prof_decode"]["data"][0]["y"]
+    data = step_records(300).to_csv(index=False).encode()
+    at.file_uploader(key="prof_records").set_value(("steps.csv", data, "text/csv")).run()
+    no_exceptions(at)
+    assert at.selectbox(key="prof_source").value == "fit on the uploaded step records"
+    coef = frame(at, "coefficient")
+    assert set(coef["fit"]) == {"decode", "prefill"}
+    res = frame(at, "median |rel. error|")
+    assert (res["median |rel. error|"] < 0.2).all()
+    assert any(t.get("name") == "measured steps" for t in charts(at)["prof_decode"]["data"])
+    # The records against the roofline they were not fitted on: residuals still shown.
+    at.selectbox(key="prof_source").set_value("roofline (no profile)…").run()
+    no_exceptions(at)
+    assert "prof_residuals" in charts(at)
+
+
+def test_profile_bad_uploads_are_errors():
+    at = app_on("profile")
+    at.file_uploader(key="prof_records").set_value(("x.csv", b"a,b\n1,2\n", "text/csv")).run()
+    no_exceptions(at)
+    assert any("not step records" in t for t in texts(at.error))
+    at.selectbox(key="prof_source").set_value("upload a profile JSON…").run()
+    at.file_uploader(key="prof_upload").set_value(("p.json", b'{"format": "nope"}', "application/json")).run()
+    no_exceptions(at)
+    assert any("not a latency profile" in t for t in texts(at.error))
+
+
+@pytest.mark.parametrize("page", ["traffic", "whatif", "capacity", "validation", "profile"])
+def test_every_page_renders(page):
+    at = app_on(page, wi_window=10.0)
+    no_exceptions(at)
+    assert at.title[0].value
