@@ -21,6 +21,31 @@ from engine.sequence import SamplingParams, Sequence, SequenceStatus
 RUNNING = SequenceStatus.RUNNING
 
 
+# One row per engine step (engine/step_recorder.py writes them; the fitted latency model reads them):
+# the batch totals below, plus how the step ran and what it cost.
+STEP_RECORD_COLUMNS = (
+    "step",
+    "kind",
+    "num_seqs",
+    "num_prefill_seqs",
+    "num_decode_seqs",
+    "total_num_scheduled_tokens",
+    "num_prefill_tokens",
+    "total_num_cached_tokens",
+    "num_context_tokens",
+    "max_seq_len",
+    "prefill_attn_work",
+    "num_kv_blocks_used",
+    "graph_batch_size",
+    "tp",
+    "block_size",
+    "gpu_time_s",
+    "wall_time_s",
+    "compiled",
+    "allreduce_time_s",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduledBatch:
     """One step's work. Per-sequence tuples are aligned with `seqs` (execution order)."""

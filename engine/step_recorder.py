@@ -16,29 +16,9 @@ from pathlib import Path
 
 import torch
 
-from engine.scheduler import ScheduledBatch
+from engine.scheduler import STEP_RECORD_COLUMNS, ScheduledBatch
 
-COLUMNS = (
-    "step",
-    "kind",
-    "num_seqs",
-    "num_prefill_seqs",
-    "num_decode_seqs",
-    "total_num_scheduled_tokens",
-    "num_prefill_tokens",
-    "total_num_cached_tokens",
-    "num_context_tokens",
-    "max_seq_len",
-    "prefill_attn_work",
-    "num_kv_blocks_used",
-    "graph_batch_size",
-    "tp",
-    "block_size",
-    "gpu_time_s",
-    "wall_time_s",
-    "compiled",
-    "allreduce_time_s",
-)
+COLUMNS = STEP_RECORD_COLUMNS
 _RESOLVE_EVERY = 512
 
 

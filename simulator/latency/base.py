@@ -12,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from engine.scheduler import accumulate_decode_times
+
 KINDS = ("prefill", "decode", "mixed", "empty")
 # `decode_step_times`: steps done one by one first, then numpy passes of growing size.
 _SCALAR_STEPS = 48
@@ -175,14 +177,12 @@ class LatencyModelBase(ABC):
         `accumulate_decode_times(self.decode_step_time, ...)`: times[0] = start, times[j] =
         times[j-1] + time of step j (whose context is num_context_tokens + (j-1) * num_seqs), up to
         `max_steps` steps, each starting before `deadline`. Vectorised with numpy."""
-        times = [start]
-        t, done = start, 0
         # Short runs (a request due soon) are cheaper step by step; then numpy, in growing chunks.
-        step_time = self.decode_step_time
-        while done < _SCALAR_STEPS and done < max_steps and t < deadline:
-            t = t + step_time(num_seqs, num_context_tokens + done * num_seqs, max_seq_len + done)
-            times.append(t)
-            done += 1
+        first = min(max_steps, _SCALAR_STEPS)
+        times = accumulate_decode_times(
+            self.decode_step_time, num_seqs, num_context_tokens, max_seq_len, first, start, deadline
+        )
+        done, t = len(times) - 1, times[-1]
         chunk = _FIRST_CHUNK
         while done < max_steps and t < deadline:
             m = min(chunk, max_steps - done)

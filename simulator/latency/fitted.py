@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from engine.scheduler import STEP_RECORD_COLUMNS
 from simulator.latency.base import BatchShape, LatencyModelBase, StepTime
 
 DECODE_FEATURES = ("const", "batch_size", "num_context_tokens", "max_seq_len")
@@ -28,26 +29,7 @@ PREFILL_FEATURES = (
 DECODE_PARTS = ("overhead", "linear", "attention", "attention")
 PREFILL_PARTS = ("overhead", "linear", "attention", "attention", "overhead", "overhead")
 
-RECORD_COLUMNS = (
-    "step",
-    "kind",
-    "num_seqs",
-    "num_prefill_seqs",
-    "num_decode_seqs",
-    "total_num_scheduled_tokens",
-    "num_prefill_tokens",
-    "total_num_cached_tokens",
-    "num_context_tokens",
-    "max_seq_len",
-    "prefill_attn_work",
-    "num_kv_blocks_used",
-    "graph_batch_size",
-    "tp",
-    "block_size",
-    "gpu_time_s",
-    "wall_time_s",
-    "compiled",
-)
+RECORD_COLUMNS = STEP_RECORD_COLUMNS
 _REQUIRED = (
     "kind",
     "num_seqs",
