@@ -87,10 +87,15 @@ def make_batch(
     cached: list[int],
     preempted: list[int],
     num_kv_blocks_used: int,
+    all_decodes: bool = False,
 ) -> ScheduledBatch:
-    """Build a ScheduledBatch and its totals from the per-sequence grants of one step."""
-    do_sample = [c + n == len(s.token_ids) for s, c, n in zip(seqs, computed, num_new)]
+    """Build a ScheduledBatch and its totals from the per-sequence grants of one step
+    (`all_decodes`: the caller knows every grant is one token that completes its sequence)."""
     total = sum(num_new)
+    if all_decodes:
+        do_sample: list[bool] | tuple[bool, ...] = (True,) * total
+    else:
+        do_sample = [c + n == len(s.token_ids) for s, c, n in zip(seqs, computed, num_new)]
     if total == len(seqs) and all(do_sample):  # plain decodes (the hot path): one token, sampled
         is_prefill: list[bool] | tuple[bool, ...] = (False,) * total
         num_prefill_seqs = 0
@@ -130,22 +135,27 @@ def make_batch(
 class _StepBuilder:
     """Accumulates one step's grants while a policy schedules."""
 
-    __slots__ = ("seqs", "num_new", "computed", "cached", "preempted", "budget")
+    __slots__ = ("seqs", "num_new", "computed", "cached", "preempted", "budget", "num_decodes")
 
     def __init__(self, budget: int) -> None:
         self.seqs: list[Sequence] = []
         self.num_new: list[int] = []
         self.computed: list[int] = []
-        self.cached: list[int] = []
+        self.cached: list[int] = []  # prefix hits; shorter than seqs means zeros for the rest
         self.preempted: list[int] = []
         self.budget = budget
+        self.num_decodes = 0  # grants of one token that completes the sequence
 
     def add(self, seq: Sequence, num_new: int, num_cached: int = 0) -> None:
         self.seqs.append(seq)
         self.num_new.append(num_new)
         self.computed.append(seq.num_computed_tokens)
+        self.cached.extend([0] * (len(self.seqs) - 1 - len(self.cached)))
         self.cached.append(num_cached)
         self.budget -= num_new
+
+    def cached_tokens(self) -> list[int]:
+        return self.cached + [0] * (len(self.seqs) - len(self.cached))
 
 
 class Scheduler:
@@ -229,17 +239,18 @@ class Scheduler:
             step.seqs,
             step.num_new,
             step.computed,
-            step.cached,
+            step.cached_tokens(),
             step.preempted,
             self.block_manager.num_used_blocks,
+            all_decodes=step.num_decodes == len(step.seqs),
         )
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
         """Account the step's computed tokens, append sampled tokens, finish what is done."""
         now = self.clock()
         finished, self._finished_outside_step = self._finished_outside_step, []
-        itl = self.itl_counts if self.record_itl else None
         max_model_len = self.config.max_model_len
+        gaps: dict[float, int] = {}  # previous token time -> tokens that had it (most share one)
         for seq, n, sample, token in zip(
             batch.seqs, batch.num_scheduled_tokens, batch.do_sample, sampled_token_ids
         ):
@@ -250,9 +261,8 @@ class Scheduler:
             last = seq.last_token_time
             if last is None:
                 seq.first_token_time = now
-            elif itl is not None:
-                gap = now - last
-                itl[gap] = itl.get(gap, 0) + 1
+            else:
+                gaps[last] = gaps.get(last, 0) + 1
             seq.last_token_time = now
             num_tokens = len(seq.token_ids)
             if (
@@ -261,6 +271,11 @@ class Scheduler:
                 or (not seq.ignore_eos and token == seq.eos_token_id)
             ):
                 self._finish(seq, _stop_reason(seq, token, max_model_len), now, finished)
+        if self.record_itl:
+            itl = self.itl_counts
+            for last, count in gaps.items():
+                gap = now - last
+                itl[gap] = itl.get(gap, 0) + count
         if finished:
             self.running = [s for s in self.running if s.status is RUNNING]
         return finished
@@ -279,8 +294,8 @@ class Scheduler:
         newest running sequences (recompute) when blocks run out."""
         bm, running = self.block_manager, self.running
         bs, caching = bm.block_size, bm.enable_prefix_caching
-        seqs, num_new, computed, cached = step.seqs, step.num_new, step.computed, step.cached
-        budget = step.budget
+        seqs, num_new, computed = step.seqs, step.num_new, step.computed
+        budget, decodes = step.budget, 0
         i = 0
         while i < len(running) and budget > 0:  # the per-step hot loop: kept flat
             seq = running[i]
@@ -289,17 +304,20 @@ class Scheduler:
             if n > budget:
                 n = budget
             target = c + n
-            if (
-                target > len(seq.block_table) * bs or (caching and target // bs > seq.num_cached_blocks)
-            ) and not (self._allocate_or_preempt(seq, target, step)):
-                break
+            if target > len(seq.block_table) * bs:
+                if not self._allocate_or_preempt(seq, target, step):
+                    break
+            elif caching and target // bs > seq.num_cached_blocks:
+                bm.cache_full_blocks(seq, target)  # the step fills a block it already has
             seqs.append(seq)
             num_new.append(n)
             computed.append(c)
-            cached.append(0)
+            if c + 1 == len(seq.token_ids):  # n == 1 and it completes the sequence: a plain decode
+                decodes += 1
             budget -= n
             i += 1
         step.budget = budget
+        step.num_decodes += decodes
 
     def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
         bm, running = self.block_manager, self.running
