@@ -22,7 +22,8 @@ from simulator.cluster import make_router
 from simulator.config import SimConfig
 from simulator.latency.base import LatencyModel
 
-SIM_TOKEN_ID = 0  # the token every simulated decode "samples"; prompts carry the trace's tokens
+SIM_TOKEN_ID = 0
+_TOKEN_CHUNK = 256  # the token every simulated decode "samples"; prompts carry the trace's tokens
 
 TIMELINE_FIELDS = ("time_s", "replica", "kv_usage", "num_running", "num_waiting")
 
@@ -198,7 +199,9 @@ def simulate(
             if a > env.now:
                 yield env.timeout(a - env.now)
             state["next"] = arrivals[i + 1] if i + 1 < len(arrivals) else math.inf
-            prompt = trace.token_ids(i, vocab)
+            if i % _TOKEN_CHUNK == 0:  # prompts of the next arrivals, generated together
+                chunk = trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab)
+            prompt = chunk[i % _TOKEN_CHUNK]
             replica = router.choose(prompt)
             replica.submit(request_ids[i], prompt, output_lens[i], a)
             if bar is not None and i % 512 == 511:

@@ -530,6 +530,26 @@ class Trace:
             int(c["prompt_len"][i]), ids, self.prefix_block_size, int(c["request_id"][i]), vocab_size, salt
         ).tolist()
 
+    def token_ids_many(
+        self, start: int, stop: int, vocab_size: int = 32000, salt: int = 0
+    ) -> list[list[int]]:
+        """`token_ids(i)` for rows start..stop-1, rows of unique tokens generated in one numpy pass
+        (the simulator calls this per chunk of arrivals; the values equal the per-row function's)."""
+        c = self._arrays()
+        rows = range(start, min(stop, len(self._df)))
+        fancy = ("tokens" in c) or ("prefix" in c)
+        if fancy or not len(rows):
+            return [self.token_ids(i, vocab_size, salt) for i in rows]
+        lens = np.asarray(c["prompt_len"][rows.start : rows.stop], dtype=np.int64)
+        ids = np.asarray(c["request_id"][rows.start : rows.stop], dtype=np.int64).view(np.uint64)
+        base = splitmix64(ids ^ np.uint64(_domain_key(_UNIQUE_DOMAIN, salt)))
+        offsets = np.concatenate(([0], np.cumsum(lens)))
+        pos = np.arange(offsets[-1], dtype=np.uint64) - np.repeat(offsets[:-1].astype(np.uint64), lens)
+        toks = splitmix64(pos ^ np.repeat(base, lens))
+        np.remainder(toks, np.uint64(vocab_size), out=toks)
+        flat = toks.view(np.int64)
+        return [flat[offsets[k] : offsets[k + 1]].tolist() for k in range(len(lens))]
+
     # -- persistence
     def _meta(self) -> dict[str, Any]:
         return {"schema_version": 1, "name": self.name, "prefix_block_size": self.prefix_block_size}

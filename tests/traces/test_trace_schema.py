@@ -263,3 +263,13 @@ def test_from_csv_and_jsonl(tmp_path):
     t = rich_trace()
     assert_same(t, Trace.from_csv(t.to_csv(tmp_path / "r.csv")))
     assert_same(t, Trace.from_jsonl(t.to_jsonl(tmp_path / "r.jsonl")))
+
+
+def test_token_ids_many_equals_token_ids_row_by_row():
+    import traces as tr
+
+    plain = tr.generate(num_requests=40, seed=5, prompt={"kind": "uniform", "low": 1, "high": 90})
+    assert plain.token_ids_many(3, 37, 1000) == [plain.token_ids(i, 1000) for i in range(3, 37)]
+    assert plain.token_ids_many(38, 100, 1000) == [plain.token_ids(i, 1000) for i in range(38, 40)]
+    shared = tr.generate(num_requests=20, seed=5, shared_prefix={"num_prefixes": 2, "prefix_len": 32})
+    assert shared.token_ids_many(0, 20, 500) == [shared.token_ids(i, 500) for i in range(20)]
