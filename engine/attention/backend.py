@@ -6,9 +6,19 @@ tokens' q/k/v, that layer's cache and the step's `AttentionMetadata`.
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+
+
+def module_available(name: str) -> bool:
+    """Whether `name` can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 class AttentionBackend:

@@ -7,12 +7,11 @@ plain-torch fakes of the documented semantics to check the call shapes on a CPU)
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 
 import torch
 
-from engine.attention.backend import AttentionBackend
+from engine.attention.backend import AttentionBackend, module_available
 from engine.attention.metadata import AttentionMetadata
 
 
@@ -37,11 +36,11 @@ class FlashAttnBackend(AttentionBackend):
     def unavailable_reason(cls, device: torch.device) -> str | None:
         if device.type != "cuda":
             return "flash_attn needs a CUDA device"
-        try:
-            found = importlib.util.find_spec("flash_attn.flash_attn_interface") is not None
-        except ModuleNotFoundError:
-            found = False
-        return None if found else "the flash_attn (FlashAttention-2) package is not installed"
+        return (
+            None
+            if module_available("flash_attn.flash_attn_interface")
+            else "the flash_attn (FlashAttention-2) package is not installed"
+        )
 
     def forward(
         self,

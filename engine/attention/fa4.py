@@ -7,12 +7,11 @@ exposes its compile cache so that warm-up and the step recorder can see compilat
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 
 import torch
 
-from engine.attention.backend import AttentionBackend
+from engine.attention.backend import AttentionBackend, module_available
 from engine.attention.metadata import AttentionMetadata
 
 
@@ -40,11 +39,11 @@ class FlashAttnCuteBackend(AttentionBackend):
         major, _ = torch.cuda.get_device_capability(device)
         if major < 9:
             return f"flash_attn_cute needs Hopper or newer (compute capability {major}.x here)"
-        try:
-            found = importlib.util.find_spec("flash_attn.cute") is not None
-        except ModuleNotFoundError:
-            found = False
-        return None if found else "the flash_attn.cute (FlashAttention-4) package is not installed"
+        return (
+            None
+            if module_available("flash_attn.cute")
+            else "the flash_attn.cute (FlashAttention-4) package is not installed"
+        )
 
     def forward(
         self,
