@@ -180,7 +180,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.record_itl = record_itl
-        self.itl_counts: dict[float, int] = {}  # inter-token gap (s) -> how many tokens saw it
+        # Inter-token gaps: (gap, tokens that saw it) per step, and fast-forwarded runs as
+        # (end times, number of sequences); compact arrays, merged by `itl_histogram`.
+        self.itl_gaps = array("d")
+        self.itl_weights = array("q")
         self.itl_runs: list[tuple[Seq[float], int]] = []  # fast-forwarded (end times, num seqs)
         self.num_preemptions = 0
         self.num_finished = 0
@@ -272,13 +275,26 @@ class Scheduler:
             ):
                 self._finish(seq, _stop_reason(seq, token, max_model_len), now, finished)
         if self.record_itl:
-            itl = self.itl_counts
-            for last, count in gaps.items():
-                gap = now - last
-                itl[gap] = itl.get(gap, 0) + count
+            self._record_gaps(now, gaps)
         if finished:
             self.running = [s for s in self.running if s.status is RUNNING]
         return finished
+
+    def _record_gaps(self, now: float, counts: dict[float, int]) -> None:
+        """Tokens sampled at `now` whose previous token came at each time in `counts`."""
+        for last, count in counts.items():
+            self.itl_gaps.append(now - last)
+            self.itl_weights.append(count)
+
+    def itl_histogram(self) -> dict[float, int]:
+        """Inter-token gap (s) -> how many tokens saw it, stepped and fast-forwarded steps alike."""
+        hist: dict[float, int] = {}
+        for gap, count in zip(self.itl_gaps, self.itl_weights):
+            hist[gap] = hist.get(gap, 0) + count
+        for times, n in self.itl_runs:
+            for a, b in zip(times, times[1:]):
+                hist[b - a] = hist.get(b - a, 0) + n
+        return hist
 
     def _finish(self, seq: Sequence, reason: str, now: float, finished: list[Sequence]) -> None:
         seq.status = SequenceStatus.FINISHED
@@ -518,10 +534,10 @@ class Scheduler:
             else:
                 bm.take_free_blocks(seq.block_table, 1)
         if self.record_itl:
-            itl, t1 = self.itl_counts, float(times[1])
+            gaps: dict[float, int] = {}
             for seq in running:
-                gap = t1 - seq.last_token_time
-                itl[gap] = itl.get(gap, 0) + 1
+                gaps[seq.last_token_time] = gaps.get(seq.last_token_time, 0) + 1
+            self._record_gaps(float(times[1]), gaps)
             if k > 1:
                 self.itl_runs.append((array("d", times[1:]), len(running)))  # 8 bytes a step
         for seq in running:

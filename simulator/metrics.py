@@ -74,15 +74,15 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs=PERCENTILES
 
 
 def itl_histogram(
-    counts: list[dict[float, int]], runs: list[tuple[object, int]]
+    steps: list[tuple[object, object]], runs: list[tuple[object, int]]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Merge inter-token gaps into (sorted distinct gaps, token counts).
 
-    `counts` are schedulers' stepwise {gap: count}; `runs` their fast-forwarded (end times, n):
-    consecutive end times differ by a gap that n tokens saw (the same subtraction stepping does).
+    `steps` are schedulers' (itl_gaps, itl_weights) arrays; `runs` their fast-forwarded (end times,
+    n): consecutive end times differ by a gap that n tokens saw (the same subtraction stepping does).
     """
-    values = [np.fromiter(c.keys(), float, len(c)) for c in counts]
-    weights = [np.fromiter(c.values(), float, len(c)) for c in counts]
+    values = [np.asarray(g, dtype=float) for g, _ in steps]
+    weights = [np.asarray(w, dtype=float) for _, w in steps]
     if runs:  # all runs at once: differences within each run, none across run boundaries
         lengths = np.fromiter((len(t) for t, _ in runs), np.int64, len(runs))
         times = np.concatenate([np.asarray(t, dtype=float) for t, _ in runs])

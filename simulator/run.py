@@ -56,7 +56,9 @@ def collect(run: SimRun, slo: SLO | None = None) -> SimResult:
         [row for replica in run.replicas for row in replica.timeline], columns=list(TIMELINE_FIELDS)
     )
     scheds = [r.scheduler for r in run.replicas]
-    itl = itl_histogram([s.itl_counts for s in scheds], [run for s in scheds for run in s.itl_runs])
+    itl = itl_histogram(
+        [(s.itl_gaps, s.itl_weights) for s in scheds], [run for s in scheds for run in s.itl_runs]
+    )
     summary = summarize(requests, itl, timeline, slo)
     queried = sum(r.block_manager.num_prefix_queried_tokens for r in run.replicas)
     hits = sum(r.block_manager.num_prefix_hit_tokens for r in run.replicas)

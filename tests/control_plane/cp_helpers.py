@@ -162,11 +162,7 @@ def drive(w: Workload, use_fast_forward: bool, max_iterations: int = 200_000) ->
 
 def itl_counts(sched: Scheduler) -> Counter:
     """{gap: tokens} over stepwise gaps and fast-forwarded runs (consecutive end times of n tokens)."""
-    counts = Counter(sched.itl_counts)
-    for times, n in getattr(sched, "itl_runs", ()):
-        for a, b in zip(times, times[1:]):
-            counts[b - a] += n
-    return counts
+    return Counter(sched.itl_histogram())
 
 
 def request_fields(seq: Sequence) -> tuple:

@@ -355,7 +355,7 @@ def test_timestamps_come_from_the_injected_clock():
         4.5,
     )
     # gaps between a's tokens: 3.25 - 2.5 and 4.5 - 3.25; first tokens have no gap
-    assert sched.itl_counts == {0.75: 1, 1.25: 1}
+    assert sched.itl_histogram() == {0.75: 1, 1.25: 1}
 
 
 def test_itl_counts_every_decode_token():
@@ -367,8 +367,8 @@ def test_itl_counts_every_decode_token():
     step(sched, clock, dt=0.25)
     step(sched, clock, dt=0.5)
     assert not sched.has_unfinished()
-    assert sched.itl_counts == {0.25: 6, 0.5: 3}
-    assert sum(sched.itl_counts.values()) == 3 * (4 - 1)
+    assert sched.itl_histogram() == {0.25: 6, 0.5: 3}
+    assert sum(sched.itl_histogram().values()) == 3 * (4 - 1)
 
 
 def test_record_itl_off():
@@ -380,7 +380,7 @@ def test_record_itl_off():
         batch = quiet.schedule()
         clock.t += 1
         quiet.postprocess(batch, [0] * batch.num_seqs)
-    assert quiet.itl_counts == {}
+    assert quiet.itl_histogram() == {}
 
 
 def test_batch_summaries_are_plain_values():
