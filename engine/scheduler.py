@@ -321,7 +321,13 @@ class Scheduler:
                 n = budget
             target = c + n
             if target > len(seq.block_table) * bs:
-                if not self._allocate_or_preempt(seq, target, step):
+                if (
+                    target <= (len(seq.block_table) + 1) * bs
+                    and bm.free_block_ids
+                    and not (caching and target // bs > seq.num_cached_blocks)
+                ):
+                    bm.take_free_blocks(seq.block_table, 1)  # a decode opening one block
+                elif not self._allocate_or_preempt(seq, target, step):
                     break
             elif caching and target // bs > seq.num_cached_blocks:
                 bm.cache_full_blocks(seq, target)  # the step fills a block it already has
