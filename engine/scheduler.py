@@ -286,6 +286,13 @@ class Scheduler:
             self.itl_gaps.append(now - last)
             self.itl_weights.append(count)
 
+    def drain_itl(self) -> tuple[array, array, list[tuple[Seq[float], int]]]:
+        """Hand over the recorded inter-token gaps (gaps, weights, fast-forwarded runs) and start
+        afresh: a long simulation folds them into a histogram as it goes."""
+        drained = (self.itl_gaps, self.itl_weights, self.itl_runs)
+        self.itl_gaps, self.itl_weights, self.itl_runs = array("d"), array("q"), []
+        return drained
+
     def itl_histogram(self) -> dict[float, int]:
         """Inter-token gap (s) -> how many tokens saw it, stepped and fast-forwarded steps alike."""
         hist: dict[float, int] = {}

@@ -98,6 +98,40 @@ def itl_histogram(
     return uniq, np.bincount(inverse, weights=w)
 
 
+class ITLBins:
+    """Inter-token gaps folded, as a run goes, into fixed log-spaced bins, so that memory stays flat
+    on million-request runs. Percentiles and mean come from bin centres: relative error below
+    0.06 % (2,000 bins a decade from 1 µs to 10^4 s). Equal gaps always land in equal bins, so
+    fast-forwarded and stepped runs still agree exactly."""
+
+    LO_S, DECADES, PER_DECADE = 1e-6, 10, 2000
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(self.DECADES * self.PER_DECADE, dtype=np.float64)
+
+    def add(self, values: np.ndarray, weights: np.ndarray) -> None:
+        if len(values):
+            idx = np.floor(np.log10(np.maximum(values, self.LO_S) / self.LO_S) * self.PER_DECADE)
+            idx = np.clip(idx, 0, len(self.counts) - 1).astype(np.int64)
+            self.counts += np.bincount(idx, weights=weights, minlength=len(self.counts))
+
+    def fold(self, scheduler) -> None:
+        """Move a scheduler's recorded gaps (`drain_itl`) into the bins."""
+        gaps, weights, runs = scheduler.drain_itl()
+        self.add(*itl_histogram([(gaps, weights)], runs))
+
+    def merged(self, others: list[ITLBins]) -> ITLBins:
+        out = ITLBins()
+        out.counts = self.counts + sum((o.counts for o in others), np.zeros_like(self.counts))
+        return out
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bin centres, token counts) of the non-empty bins, ascending."""
+        nz = np.flatnonzero(self.counts)
+        centres = self.LO_S * 10 ** ((nz + 0.5) / self.PER_DECADE)
+        return centres, self.counts[nz]
+
+
 def _stats(series: pd.Series) -> dict[str, float]:
     s = series.dropna().to_numpy(dtype=float)
     if len(s) == 0:

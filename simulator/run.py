@@ -17,7 +17,7 @@ from simulator.config import SimConfig, kv_blocks_per_replica
 from simulator.latency.base import LatencyModel
 from simulator.latency.gpus import get_gpu
 from simulator.latency.profile import load_latency_model
-from simulator.metrics import SLO, add_latencies, itl_histogram, summarize
+from simulator.metrics import SLO, add_latencies, summarize
 from simulator.sim import TIMELINE_FIELDS, SimRun, simulate
 
 SHIPPED_PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -29,7 +29,7 @@ class SimResult:
     requests: pd.DataFrame
     timeline: pd.DataFrame
     summary: dict
-    itl: tuple  # (sorted distinct inter-token gaps, token counts)
+    itl: tuple  # (inter-token gap bin centres, token counts), see metrics.ITLBins
 
     def save(self, out_dir: str | Path) -> Path:
         """Write requests.parquet, timeline.parquet and summary.json under `out_dir`."""
@@ -55,10 +55,9 @@ def collect(run: SimRun, slo: SLO | None = None) -> SimResult:
     timeline = pd.DataFrame.from_records(
         [row for replica in run.replicas for row in replica.timeline], columns=list(TIMELINE_FIELDS)
     )
-    scheds = [r.scheduler for r in run.replicas]
-    itl = itl_histogram(
-        [(s.itl_gaps, s.itl_weights) for s in scheds], [run for s in scheds for run in s.itl_runs]
-    )
+    for replica in run.replicas:
+        replica.itl.fold(replica.scheduler)
+    itl = run.replicas[0].itl.merged([r.itl for r in run.replicas[1:]]).arrays()
     summary = summarize(requests, itl, timeline, slo)
     queried = sum(r.block_manager.num_prefix_queried_tokens for r in run.replicas)
     hits = sum(r.block_manager.num_prefix_hit_tokens for r in run.replicas)

@@ -21,6 +21,7 @@ from engine.sequence import SamplingParams, Sequence, SequenceStatus, request_re
 from simulator.cluster import make_router
 from simulator.config import SimConfig
 from simulator.latency.base import LatencyModel
+from simulator.metrics import ITLBins
 
 SIM_TOKEN_ID = 0
 _TOKEN_CHUNK = 256  # the token every simulated decode "samples"; prompts carry the trace's tokens
@@ -63,6 +64,7 @@ class Replica:
         self.records: list[tuple] = []
         self.timeline: list[tuple] = []
         self.counters = SimCounters()
+        self.itl = ITLBins()
         self.batch_log: list[tuple] | None = None  # per-step decisions, when asked (tests)
         self._last_sample = -math.inf
         self._wakeup: simpy.Event | None = None
@@ -136,6 +138,9 @@ class Replica:
         seq.block_hashes = []
 
     def _sample(self) -> None:
+        sched = self.scheduler
+        if len(sched.itl_runs) >= 4096 or len(sched.itl_gaps) >= 65536:
+            self.itl.fold(sched)
         if self.clock - self._last_sample >= self.config.timeline_interval_s:
             self._last_sample = self.clock
             s = self.scheduler
