@@ -22,12 +22,15 @@ _OPTIONAL_DEPS = {"torch", "transformers", "safetensors", "streamlit", "plotly",
 
 
 def default_profile(model: str, gpu: str, block_size: int, tp: int) -> Path | None:
-    """The shipped fitted profile for this model, GPU, block size and TP, if there is one."""
+    """The shipped fitted profile for this model, GPU (any of its names), block size and TP, if any."""
+    from simulator.latency.gpus import canonical_gpu_name, get_gpu
     from simulator.run import SHIPPED_PROFILE_DIR
 
-    name = f"{model.lower()}_{gpu.lower()}_tp{tp}_bs{block_size}.json"
-    path = SHIPPED_PROFILE_DIR / name
-    return path if path.is_file() else None
+    for name in dict.fromkeys([gpu, canonical_gpu_name(gpu), *get_gpu(gpu).aliases]):
+        path = SHIPPED_PROFILE_DIR / f"{model.lower()}_{name.lower()}_tp{tp}_bs{block_size}.json"
+        if path.is_file():
+            return path
+    return None
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:

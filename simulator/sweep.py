@@ -24,7 +24,7 @@ from typing import Any
 from simulator.cli import default_profile
 from simulator.config import ROUTERS, SimConfig
 from simulator.latency.base import LatencyModel
-from simulator.latency.gpus import canonical_gpu_name, get_gpu
+from simulator.latency.gpus import get_gpu
 from simulator.metrics import SLO
 from simulator.plan import (
     cost_per_hour,
@@ -343,12 +343,7 @@ def profile_for(profile: str, model: str, gpu: str, block_size: int, tp: int) ->
     if profile == "roofline":
         return None
     if profile == "auto":
-        names = dict.fromkeys([gpu, canonical_gpu_name(gpu), *get_gpu(gpu).aliases])
-        for name in names:
-            found = default_profile(model, name, block_size, tp)
-            if found is not None:
-                return found
-        return None
+        return default_profile(model, gpu, block_size, tp)
     return Path(profile)
 
 
