@@ -72,8 +72,8 @@ class BlockManager:
         hashes = seq.block_hashes
         bs, tokens = self.block_size, seq.token_ids
         prev = hashes[-1] if hashes else ROOT_HASH
-        for i in range(len(hashes), num_blocks):
-            prev = hash((prev, tuple(tokens[i * bs : (i + 1) * bs])))
+        for start in range(len(hashes) * bs, num_blocks * bs, bs):
+            prev = hash((prev, tuple(tokens[start : start + bs])))
             hashes.append(prev)
         return hashes
 
@@ -165,17 +165,22 @@ class BlockManager:
         """
         bs = self.block_size
         num_full = num_tokens // bs
-        hashes = self.block_hashes(seq, num_full)
-        tokens, table, blocks = seq.token_ids, seq.block_table, self.blocks
+        hashes, tokens = seq.block_hashes, seq.token_ids
+        if len(hashes) + 1 == num_full:  # the decode case: one block to hash, inlined
+            start = num_full * bs - bs
+            hashes.append(hash((hashes[-1] if hashes else ROOT_HASH, tuple(tokens[start : start + bs]))))
+        elif len(hashes) < num_full:
+            self.block_hashes(seq, num_full)
+        table, blocks = seq.block_table, self.blocks
         setdefault = self.hash_to_block_id.setdefault
         for i in range(seq.num_cached_blocks, num_full):
             block_id = table[i]
-            if setdefault(hashes[i], block_id) != block_id:
-                continue  # a copy of a cached block: no lookup reaches it, so it stays uncached
-            block = blocks[block_id]
-            block.block_hash = hashes[i]
-            block.token_src = tokens
-            block.token_offset = i * bs
+            block_hash = hashes[i]
+            if setdefault(block_hash, block_id) == block_id:  # else a copy of a cached block, left uncached
+                block = blocks[block_id]
+                block.block_hash = block_hash
+                block.token_src = tokens
+                block.token_offset = i * bs
         seq.num_cached_blocks = num_full
 
     def reset_prefix_cache(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -19,6 +19,7 @@ from engine.config import SchedulerConfig, cdiv
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
 
 RUNNING = SequenceStatus.RUNNING
+_NO_TIME = object()  # a sentinel no token time is
 
 
 # One row per engine step (engine/step_recorder.py writes them; the fitted latency model reads them):
@@ -91,12 +92,11 @@ def make_batch(
 ) -> ScheduledBatch:
     """Build a ScheduledBatch and its totals from the per-sequence grants of one step
     (`all_decodes`: the caller knows every grant is one token that completes its sequence)."""
+    if all_decodes and seqs:
+        return _decode_batch(seqs, computed, preempted, num_kv_blocks_used)
     total = sum(num_new)
-    if all_decodes:
-        do_sample: list[bool] | tuple[bool, ...] = (True,) * total
-    else:
-        do_sample = [c + n == len(s.token_ids) for s, c, n in zip(seqs, computed, num_new)]
-    if total == len(seqs) and all(do_sample):  # plain decodes (the hot path): one token, sampled
+    do_sample = [c + n == len(s.token_ids) for s, c, n in zip(seqs, computed, num_new)]
+    if total == len(seqs) and all(do_sample):  # plain decodes: one token, sampled
         is_prefill: list[bool] | tuple[bool, ...] = (False,) * total
         num_prefill_seqs = 0
     else:
@@ -129,6 +129,31 @@ def make_batch(
         num_context_tokens=sum(computed),
         max_seq_len=max_seq_len,
         prefill_attn_work=work,
+    )
+
+
+def _decode_batch(
+    seqs: list[Sequence], computed: list[int], preempted: list[int], num_kv_blocks_used: int
+) -> ScheduledBatch:
+    """make_batch for a step of plain decodes only (the hot path)."""
+    n = len(seqs)
+    return ScheduledBatch(
+        seqs=tuple(seqs),
+        num_scheduled_tokens=(1,) * n,
+        num_computed_tokens=tuple(computed),
+        is_prefill=(False,) * n,
+        do_sample=(True,) * n,
+        num_cached_tokens=(0,) * n,
+        preempted_seq_ids=tuple(preempted),
+        num_kv_blocks_used=num_kv_blocks_used,
+        kind="decode",
+        num_prefill_seqs=0,
+        total_num_scheduled_tokens=n,
+        num_prefill_tokens=0,
+        total_num_cached_tokens=0,
+        num_context_tokens=sum(computed),
+        max_seq_len=max(computed) + 1,
+        prefill_attn_work=0.0,
     )
 
 
@@ -204,6 +229,7 @@ class Scheduler:
         self._next_seq_id += 1
         now = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(seq_id, prompt_token_ids, sampling_params, now, eos_token_id)
+        seq.stop_num_tokens = min(seq.stop_num_tokens, self.config.max_model_len)
         reason = self._rejection_reason(seq)
         if reason:
             seq.status = SequenceStatus.REJECTED
@@ -252,28 +278,31 @@ class Scheduler:
         """Account the step's computed tokens, append sampled tokens, finish what is done."""
         now = self.clock()
         finished, self._finished_outside_step = self._finished_outside_step, []
-        max_model_len = self.config.max_model_len
-        gaps: dict[float, int] = {}  # previous token time -> tokens that had it (most share one)
-        for seq, n, sample, token in zip(
-            batch.seqs, batch.num_scheduled_tokens, batch.do_sample, sampled_token_ids
-        ):
-            seq.num_computed_tokens += n
-            if not sample:
-                continue
-            seq.token_ids.append(token)
+        if batch.kind == "decode":  # the hot path: every sequence computed its one pending token
+            sampled: Iterable[tuple[Sequence, int | None]] = zip(batch.seqs, sampled_token_ids)
+        else:
+            sampled = _account_unsampled(batch, sampled_token_ids)
+        gaps: dict[float, int] = {}  # previous token time -> tokens that had it
+        run_last: object = _NO_TIME  # the previous token time shared by a run of sequences (most do)
+        run = 0
+        for seq, token in sampled:
+            tokens = seq.token_ids
+            seq.num_computed_tokens = len(tokens)  # a sampling step computed every pending token
+            tokens.append(token)
             last = seq.last_token_time
-            if last is None:
+            if last is run_last:
+                run += 1
+            elif last is None:
                 seq.first_token_time = now
             else:
-                gaps[last] = gaps.get(last, 0) + 1
+                if run:
+                    gaps[run_last] = gaps.get(run_last, 0) + run
+                run_last, run = last, 1
             seq.last_token_time = now
-            num_tokens = len(seq.token_ids)
-            if (
-                num_tokens - seq.num_prompt_tokens >= seq.max_tokens
-                or num_tokens >= max_model_len
-                or (not seq.ignore_eos and token == seq.eos_token_id)
-            ):
-                self._finish(seq, _stop_reason(seq, token, max_model_len), now, finished)
+            if len(tokens) >= seq.stop_num_tokens or token == seq.stop_token_id:
+                self._finish(seq, _stop_reason(seq, token, self.config.max_model_len), now, finished)
+        if run:
+            gaps[run_last] = gaps.get(run_last, 0) + run
         if self.record_itl:
             self._record_gaps(now, gaps)
         if finished:
@@ -317,14 +346,24 @@ class Scheduler:
         newest running sequences (recompute) when blocks run out."""
         bm, running = self.block_manager, self.running
         bs, caching = bm.block_size, bm.enable_prefix_caching
-        seqs, num_new, computed = step.seqs, step.num_new, step.computed
+        add_seq, add_new, add_computed = step.seqs.append, step.num_new.append, step.computed.append
         budget, decodes = step.budget, 0
-        i = 0
-        while i < len(running) and budget > 0:  # the per-step hot loop: kept flat
-            seq = running[i]
+        # The per-step hot loop, kept flat. Preemption pops from the end of `running`, which ends
+        # the iteration there, as it must.
+        for seq in running:
+            if budget <= 0:
+                break
             c = seq.num_computed_tokens
             n = len(seq.token_ids) - c
-            if n > budget:
+            if n == 1:  # a plain decode: one token that completes the sequence
+                decodes += 1
+                if c % bs and (c + 1) % bs:  # mid-block: nothing to allocate, nothing fills
+                    add_seq(seq)
+                    add_new(1)
+                    add_computed(c)
+                    budget -= 1
+                    continue
+            elif n > budget:
                 n = budget
             target = c + n
             if target > len(seq.block_table) * bs:
@@ -335,16 +374,15 @@ class Scheduler:
                 ):
                     bm.take_free_blocks(seq.block_table, 1)  # a decode opening one block
                 elif not self._allocate_or_preempt(seq, target, step):
+                    if n == 1:
+                        decodes -= 1
                     break
             elif caching and target // bs > seq.num_cached_blocks:
                 bm.cache_full_blocks(seq, target)  # the step fills a block it already has
-            seqs.append(seq)
-            num_new.append(n)
-            computed.append(c)
-            if c + 1 == len(seq.token_ids):  # n == 1 and it completes the sequence: a plain decode
-                decodes += 1
+            add_seq(seq)
+            add_new(n)
+            add_computed(c)
             budget -= n
-            i += 1
         step.budget = budget
         step.num_decodes += decodes
 
@@ -567,6 +605,22 @@ def _stop_reason(seq: Sequence, token: int, max_model_len: int) -> str | None:
     if len(seq.token_ids) >= max_model_len:
         return "max_model_len"
     return None
+
+
+def _account_unsampled(
+    batch: ScheduledBatch, sampled_token_ids: Seq[int | None]
+) -> list[tuple[Sequence, int | None]]:
+    """Advance the sequences whose step computed part of a prefill (nothing to sample); return the
+    (sequence, token) pairs of the others."""
+    sampled = []
+    for seq, n, do_sample, token in zip(
+        batch.seqs, batch.num_scheduled_tokens, batch.do_sample, sampled_token_ids
+    ):
+        if do_sample:
+            sampled.append((seq, token))
+        else:
+            seq.num_computed_tokens += n
+    return sampled
 
 
 DecodeTimes = Callable[[int, int, int, int, float, float], Seq[float]]

@@ -55,6 +55,8 @@ class Sequence:
         "max_tokens",
         "ignore_eos",
         "eos_token_id",
+        "stop_num_tokens",
+        "stop_token_id",
         "arrival_time",
         "first_scheduled_time",
         "first_token_time",
@@ -88,6 +90,10 @@ class Sequence:
         self.max_tokens = sampling_params.max_tokens
         self.ignore_eos = sampling_params.ignore_eos
         self.eos_token_id = eos_token_id
+        # The stop tests of every step, precomputed: length reached, or the token that ends it (-1:
+        # none; token ids are never negative). The scheduler caps stop_num_tokens at max_model_len.
+        self.stop_num_tokens = self.num_prompt_tokens + self.max_tokens
+        self.stop_token_id = -1 if self.ignore_eos or eos_token_id is None else eos_token_id
         self.arrival_time = arrival_time
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
