@@ -3,10 +3,15 @@ chunked prefill over cached prefixes, mixed and decode steps (`page_table` + `se
 
 Any page size works. FA4 compiles a kernel at the first call of each new variant; `compile_count`
 exposes its compile cache so that warm-up and the step recorder can see compilations.
+
+Decode steps go to the Triton split-KV kernel (`triton_decode.py`) by default where Triton can run
+(FA4 has no split-KV on Hopper: one sequence reads its KV from a handful of SMs); `decode_kernel`
+("triton" or "fa4"; default from $KVPLAN_DECODE_KERNEL, else "triton" when available) says which runs.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -19,7 +24,13 @@ class FlashAttnCuteBackend(AttentionBackend):
     name = "flash_attn_cute"
     graph_safe = True  # its kernels read only device tensors: capturable in CUDA graphs
 
-    def __init__(self, varlen_fn: Callable | None = None) -> None:
+    def __init__(
+        self,
+        varlen_fn: Callable | None = None,
+        decode_kernel: str | None = None,
+        decode_fn: Callable | None = None,
+    ) -> None:
+        """`decode_fn` stands in for the Triton decode kernel (tests pass a recorder)."""
         self._cache_owner = None
         if varlen_fn is None:
             from flash_attn.cute import interface
@@ -27,6 +38,14 @@ class FlashAttnCuteBackend(AttentionBackend):
             varlen_fn = interface.flash_attn_varlen_func
             self._cache_owner = getattr(interface, "_flash_attn_fwd", None)
         self.varlen_fn = varlen_fn
+        self.decode_kernel = _resolve_decode_kernel(decode_kernel, decode_fn is not None)
+        self.decode_fn, self._triton = decode_fn, None
+        if self.decode_kernel == "triton":
+            from engine.attention import triton_decode
+
+            self._triton = triton_decode
+            self.decode_fn = decode_fn or triton_decode.paged_decode_attention
+        self._num_sms: int | None = None
 
     @staticmethod
     def supports_block_size(block_size: int) -> bool:
@@ -56,6 +75,8 @@ class FlashAttnCuteBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         md = metadata
+        if md.is_decode and self.decode_kernel == "triton":
+            return self._triton_decode(q, k_cache, v_cache, md, scale)
         out = self.varlen_fn(
             q,
             k_cache,
@@ -70,10 +91,57 @@ class FlashAttnCuteBackend(AttentionBackend):
         )
         return out[0] if isinstance(out, tuple) else out
 
+    def _triton_decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        md: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Split-KV decode. The split count depends on the batch size and `max_seqlen_k` only; under a
+        decode graph capture the runner sets `max_seqlen_k` to max_model_len, so a replay keeps it
+        (the kernel splits each sequence's actual context itself)."""
+        if self._num_sms is None:
+            self._num_sms = _num_sms(q.device)
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        num_splits = self._triton.choose_num_splits(
+            q.shape[0], k_cache.shape[2], md.max_seqlen_k, k_cache.shape[1], self._num_sms
+        )
+        return self.decode_fn(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits)
+
     def compile_count(self) -> int:
         cache = getattr(self._cache_owner, "compile_cache", None)
         entries = getattr(cache, "cache", cache)  # flash_attn.cute wraps its dict in a JITCache
         try:
-            return len(entries)
+            count = len(entries)
         except TypeError:
-            return 0
+            count = 0
+        return count + (self._triton.compiled_variants() if self._triton is not None else 0)
+
+
+DECODE_KERNELS = ("triton", "fa4")
+
+
+def triton_decode_available() -> bool:
+    """Whether the Triton decode kernel can run here (Triton installed, a CUDA device present)."""
+    return module_available("triton") and torch.cuda.is_available()
+
+
+def _resolve_decode_kernel(decode_kernel: str | None, injected: bool) -> str:
+    """The asked-for decode kernel, else $KVPLAN_DECODE_KERNEL, else "triton" where it can run."""
+    choice = decode_kernel or os.environ.get("KVPLAN_DECODE_KERNEL") or "auto"
+    if choice == "auto":
+        return "triton" if injected or triton_decode_available() else "fa4"
+    if choice not in DECODE_KERNELS:
+        raise ValueError(f"decode_kernel: {choice!r} is not one of {['auto', *DECODE_KERNELS]}")
+    if choice == "triton" and not (injected or module_available("triton")):
+        raise ValueError("decode_kernel 'triton': the triton package is not installed")
+    return choice
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # an H100/H200's count: only shapes the split choice off the GPU
+    return torch.cuda.get_device_properties(device).multi_processor_count
