@@ -144,17 +144,18 @@ class BlockManager:
     def take_free_blocks(self, table: list[int], num: int) -> None:
         """Append `num` blocks from the front of the free list to `table`, evicting cached prefixes."""
         popitem, blocks, cached = self.free_block_ids.popitem, self.blocks, self.hash_to_block_id
+        num_evicted = 0
         for _ in range(num):
             block_id = popitem(last=False)[0]
             block = blocks[block_id]
             if block.block_hash is not None:  # evict the cached prefix this block held
-                if cached.get(block.block_hash) == block_id:
-                    del cached[block.block_hash]
+                del cached[block.block_hash]  # a block keeps a hash only while the cache maps it there
                 block.block_hash = None
                 block.token_src = None
-                self.num_evictions += 1
+                num_evicted += 1
             block.ref_count = 1
             table.append(block_id)
+        self.num_evictions += num_evicted
 
     def cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Register the blocks that are full once the first `num_tokens` tokens of `seq` are computed.
@@ -195,11 +196,12 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Release the blocks of `seq`, tail first, so that its prefix stays cached longest."""
-        free_ids = self.free_block_ids
+        free_ids, blocks = self.free_block_ids, self.blocks
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
+            block = blocks[block_id]
+            ref_count = block.ref_count - 1
+            block.ref_count = ref_count
+            if not ref_count:
                 free_ids[block_id] = None
                 if block.block_hash is None:
                     free_ids.move_to_end(block_id, last=False)

@@ -17,6 +17,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from engine.sequence import REQUEST_FIELDS, SamplingParams, SequenceStatus, request_record
+from traces.schema import synthetic_vocab_size
 
 
 def replay_trace(llm, trace, progress: bool = True, max_wall_s: float | None = None) -> pd.DataFrame:
@@ -29,7 +30,7 @@ def replay_trace(llm, trace, progress: bool = True, max_wall_s: float | None = N
     arrivals = df["arrival_s"].to_numpy(dtype=float).tolist()
     output_lens = df["output_len"].to_numpy().tolist()
     request_ids = df["request_id"].to_numpy().tolist()
-    vocab = llm.spec.vocab_size
+    vocab = synthetic_vocab_size(llm.spec.vocab_size, llm.block_manager.block_size)  # as the simulator
     prompts = [trace.token_ids(i, vocab) for i in range(len(df))]  # before the clock starts
     records: list[tuple] = []
     owner: dict[int, tuple[int, int]] = {}

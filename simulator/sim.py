@@ -22,6 +22,7 @@ from simulator.cluster import make_router
 from simulator.config import SimConfig
 from simulator.latency.base import LatencyModel
 from simulator.metrics import ITLBins
+from traces.schema import synthetic_vocab_size
 
 SIM_TOKEN_ID = 0
 _TOKEN_CHUNK = 256  # the token every simulated decode "samples"; prompts carry the trace's tokens
@@ -195,7 +196,7 @@ def simulate(
         for replica in replicas:
             replica.batch_log = []
     router = make_router(config.router, replicas)
-    vocab = config.model.vocab_size
+    vocab = synthetic_vocab_size(config.model.vocab_size, config.block_size)
 
     def arrival_process():
         bar = _progress_bar(len(arrivals), progress, trace)

@@ -29,7 +29,15 @@ from .loaders import (
     shipped,
     shipped_names,
 )
-from .schema import SCHEMA_DOC, LoadReport, Trace, TraceError, splitmix64, synthetic_token_ids
+from .schema import (
+    SCHEMA_DOC,
+    LoadReport,
+    Trace,
+    TraceError,
+    splitmix64,
+    synthetic_token_ids,
+    synthetic_vocab_size,
+)
 from .stats import LengthStats, PrefixReuse, TraceStats, length_stats, prefix_reuse, trace_stats
 from .transforms import CapReport, cap_lengths, concat, scale_rate, subsample, time_window
 
@@ -69,6 +77,7 @@ __all__ = [
     "splitmix64",
     "subsample",
     "synthetic_token_ids",
+    "synthetic_vocab_size",
     "time_window",
     "trace_stats",
     "uniform_lengths",

@@ -104,6 +104,21 @@ def _domain_key(domain: int, salt: int) -> int:
     return splitmix64_int((int(salt) & _MASK64) ^ domain)
 
 
+SMALL_TOKEN_VOCAB = 256  # Python keeps one object per int below 257: such tokens cost no memory
+
+
+def synthetic_vocab_size(vocab_size: int, block_size: int) -> int:
+    """How many distinct values synthetic prompt tokens take for a model of `vocab_size` served with
+    KV blocks of `block_size` tokens (the simulator and the engine replay both ask this).
+
+    256 at block sizes of 8 and more: every such int is one shared Python object, which makes a
+    million prompts several times cheaper to build, copy, hash and free, while a block still holds
+    at least 64 random bits, so unrelated requests never share a block by accident. Smaller blocks
+    keep the model's whole vocabulary.
+    """
+    return min(vocab_size, SMALL_TOKEN_VOCAB) if block_size >= 8 else vocab_size
+
+
 def synthetic_token_ids(
     prompt_len: int,
     prefix_block_ids: np.ndarray | list[int] | None = None,
@@ -114,10 +129,11 @@ def synthetic_token_ids(
 ) -> np.ndarray:
     """Deterministic token ids (int64 array of length prompt_len) for one request.
 
-    Position p inside prefix block j gets hash(salt, prefix_block_ids[j], p mod block size); positions
-    past the last prefix block get hash(salt, request_id, p) in a separate domain. Two requests whose
-    first k ids agree therefore share exactly their first k*prefix_block_size tokens, at any engine
-    block size, and tokens of distinct blocks / requests come from distinct hash inputs.
+    Position p inside prefix block j is drawn from hash(salt, prefix_block_ids[j], p mod block size);
+    positions past the last prefix block from hash(salt, request_id, p) in a separate domain. Two
+    requests whose first k ids agree therefore share exactly their first k*prefix_block_size tokens,
+    at any engine block size, and tokens of distinct blocks / requests come from distinct hash inputs.
+    With vocab_size <= 256 each 64-bit hash gives eight tokens (one byte each), p // 8 its input.
     """
     if prompt_len < 1:
         raise ValueError(f"prompt_len must be >= 1, got {prompt_len}")
@@ -132,17 +148,27 @@ def synthetic_token_ids(
         covered = min(prompt_len, len(ids) * prefix_block_size)
         nblocks = -(-covered // prefix_block_size)
         base = splitmix64(ids[:nblocks].view(np.uint64) ^ np.uint64(_domain_key(_PREFIX_DOMAIN, salt)))
-        pos = np.arange(prefix_block_size, dtype=np.uint64)
-        grid = splitmix64(base[:, None] ^ pos[None, :]).ravel()
-        parts.append(grid[:covered])
+        parts.append(_draw_rows(base, prefix_block_size, vocab_size).ravel()[:covered])
     if covered < prompt_len:
         base = splitmix64_int(_domain_key(_UNIQUE_DOMAIN, salt) ^ (int(request_id) & _MASK64))
-        pos = np.arange(covered, prompt_len, dtype=np.uint64)
-        pos ^= np.uint64(base)
-        parts.append(splitmix64(pos))
+        row = _draw_rows(np.array([base], dtype=np.uint64), prompt_len, vocab_size)[0]
+        parts.append(row[covered:])
     toks = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    np.remainder(toks, np.uint64(vocab_size), out=toks)
-    return toks.view(np.int64)
+    return toks.astype(np.int64)
+
+
+def _draw_rows(base: np.ndarray, length: int, vocab_size: int) -> np.ndarray:
+    """Tokens at positions 0..length-1 of each row seeded by `base` (uint64), shape (rows, length):
+    bytes of splitmix64(base ^ (p // 8)) when vocab_size <= 256, else splitmix64(base ^ p)."""
+    if vocab_size <= SMALL_TOKEN_VOCAB:
+        words = splitmix64(base[:, None] ^ np.arange(-(-length // 8), dtype=np.uint64)[None, :])
+        return _bytes_mod(words.view(np.uint8)[:, :length], vocab_size)
+    toks = splitmix64(base[:, None] ^ np.arange(length, dtype=np.uint64)[None, :])
+    return np.remainder(toks, np.uint64(vocab_size), out=toks)
+
+
+def _bytes_mod(b: np.ndarray, vocab_size: int) -> np.ndarray:
+    return b if vocab_size == 256 else np.remainder(b, np.uint8(vocab_size))
 
 
 # --------------------------------------------------------------------------- column normalisation
@@ -543,12 +569,17 @@ class Trace:
         lens = np.asarray(c["prompt_len"][rows.start : rows.stop], dtype=np.int64)
         ids = np.asarray(c["request_id"][rows.start : rows.stop], dtype=np.int64).view(np.uint64)
         base = splitmix64(ids ^ np.uint64(_domain_key(_UNIQUE_DOMAIN, salt)))
-        offsets = np.concatenate(([0], np.cumsum(lens)))
-        pos = np.arange(offsets[-1], dtype=np.uint64) - np.repeat(offsets[:-1].astype(np.uint64), lens)
-        toks = splitmix64(pos ^ np.repeat(base, lens))
-        np.remainder(toks, np.uint64(vocab_size), out=toks)
-        flat = toks.view(np.int64)
-        return [flat[offsets[k] : offsets[k + 1]].tolist() for k in range(len(lens))]
+        per = 8 if vocab_size <= SMALL_TOKEN_VOCAB else 1  # tokens one hash gives (as _draw_rows)
+        nwords = -(-lens // per)
+        offsets = np.concatenate(([0], np.cumsum(nwords)))
+        pos = np.arange(offsets[-1], dtype=np.uint64) - np.repeat(offsets[:-1].astype(np.uint64), nwords)
+        words = splitmix64(pos ^ np.repeat(base, nwords))
+        if per == 8:
+            flat = _bytes_mod(words.view(np.uint8), vocab_size)
+        else:
+            flat = np.remainder(words, np.uint64(vocab_size), out=words).view(np.int64)
+        starts = (offsets[:-1] * per).tolist()
+        return [flat[a : a + n].tolist() for a, n in zip(starts, lens.tolist())]
 
     # -- persistence
     def _meta(self) -> dict[str, Any]:

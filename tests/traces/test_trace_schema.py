@@ -273,3 +273,35 @@ def test_token_ids_many_equals_token_ids_row_by_row():
     assert plain.token_ids_many(38, 100, 1000) == [plain.token_ids(i, 1000) for i in range(38, 40)]
     shared = tr.generate(num_requests=20, seed=5, shared_prefix={"num_prefixes": 2, "prefix_len": 32})
     assert shared.token_ids_many(0, 20, 500) == [shared.token_ids(i, 500) for i in range(20)]
+
+
+def test_small_vocab_tokens_are_bytes_of_one_hash_per_eight_positions():
+    # exact values pin the definition: the simulator and the engine replay must draw the same prompts
+    assert synthetic_token_ids(10, request_id=3, vocab_size=256).tolist() == [
+        197, 235, 57, 212, 95, 136, 145, 115, 67, 34,
+    ]  # fmt: skip
+    # a prefix block of 4 tokens, then the request's own tokens from position 4 on
+    assert synthetic_token_ids(10, [7], 4, request_id=3, vocab_size=256).tolist() == [
+        99, 145, 90, 145, 95, 136, 145, 115, 67, 34,
+    ]  # fmt: skip
+    assert synthetic_token_ids(10, request_id=3, vocab_size=100).tolist() == [
+        97, 35, 57, 12, 95, 36, 45, 15, 67, 34,
+    ]  # fmt: skip
+    assert synthetic_token_ids(5000, [1, 2], 512, vocab_size=7).max() == 6
+
+
+def test_token_ids_many_equals_token_ids_in_byte_mode():
+    import traces as tr
+
+    plain = tr.generate(num_requests=40, seed=5, prompt={"kind": "uniform", "low": 1, "high": 90})
+    for vocab in (256, 100, 2):
+        assert plain.token_ids_many(0, 40, vocab) == [plain.token_ids(i, vocab) for i in range(40)]
+
+
+def test_synthetic_vocab_size():
+    from traces import synthetic_vocab_size
+
+    assert synthetic_vocab_size(151936, 16) == 256
+    assert synthetic_vocab_size(151936, 8) == 256
+    assert synthetic_vocab_size(151936, 4) == 151936  # a block of 4 bytes would collide by chance
+    assert synthetic_vocab_size(100, 16) == 100
