@@ -3,7 +3,7 @@
 Makes a random-weight checkpoint of a real shape, serves it with one LLM (one warm-up), runs the
 designed step-shape sweep (`engine.profiling`), fits and saves the profile, then replays two windows
 of a shipped trace in real time and writes replay folders for `kvplan validate`. Prints a table.
-Usage (GPU): PYTHONPATH=. python3 benchmarks/calibrate.py --out DIR [--preset qwen3-0.6b] [--block-size 16]
+Usage (GPU): PYTHONPATH=. python3 benchmarks/calibrate.py --out DIR [--preset qwen3-0.6b] [--block-sizes 16,256]
 """
 
 from __future__ import annotations
@@ -41,81 +41,94 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--preset", default="qwen3-0.6b", choices=sorted(PRESET_ARCH))
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="default: 131072 tokens' worth")
+    p.add_argument("--block-sizes", default="16", help="comma-separated; one checkpoint serves them all")
+    p.add_argument("--num-kv-tokens", type=int, default=131072, help="KV cache size in tokens")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--profile-budget", type=float, default=120.0)
     p.add_argument("--trace", default="azure_conv_2023")
     p.add_argument("--replays", default=DEFAULT_REPLAYS, help="name=START:END@SCALE,... ('' for none)")
+    p.add_argument("--replay-block-sizes", default="16", help="block sizes that also run the replays")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    blocks = args.num_kv_blocks or 131072 // args.block_size
-    rows = []
     cuda = torch.cuda.is_available()
     gpu = gpu_name(torch.cuda.get_device_name()) if cuda else "H200"  # a CPU run is a dry run only
+    replay_sizes = {int(b) for b in filter(None, args.replay_block_sizes.split(","))}
+    rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         device = "cuda" if cuda else "cpu"
         ckpt = make_random_checkpoint(
             Path(tmp) / args.preset, PRESET_ARCH[args.preset], args.preset, device=device
         )
-        llm = LLM(
-            ckpt,
-            block_size=args.block_size,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
-            num_kv_blocks=blocks,
-        )
-        rows.append(("engine ready (checkpoint + warm-up)", f"{time.perf_counter() - t0:.1f} s"))
-        t1 = time.perf_counter()
-        records = run_profile(llm, time_budget_s=args.profile_budget, progress=False)
-        tag = f"{args.preset}_{gpu.lower()}_tp1_bs{args.block_size}"
-        records.to_parquet(out / f"steps_{tag}.parquet", index=False)
-        profile = fit_profile(
-            records,
-            model=llm.spec,
-            gpu=gpu,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            tp=1,
-            block_size=args.block_size,
-            attention_backend=llm.attention_backend,
-            engine_version=_version(),
-            num_kv_blocks=blocks,
-            target="wall_time_s",
-            extra={"model_name": args.preset, "policy": "chunked", "source": "benchmarks/calibrate.py"},
-        )
-        profile.save(out / f"{tag}.json")
-        rows.append(("profile", f"{len(records)} steps in {time.perf_counter() - t1:.0f} s"))
-        print(profile_report(profile), flush=True)
-        for name, window, scale in parse_replays(args.replays):
-            llm.recorder.reset()
-            llm.block_manager.reset_prefix_cache()  # the simulated twin starts with an empty cache
-            trace = load_trace_arg(args.trace, scale, None, window)
-            t2 = time.perf_counter()
-            requests = replay_trace(llm, trace, progress=False, max_wall_s=200)
-            extra = {
-                "source": args.trace,
-                "window": window,
-                "rate_scale": scale,
-                "gpu": gpu,
-            }
-            write_replay(llm, trace, requests, out / f"replay_{name}_bs{args.block_size}", extra)
-            done = requests["finish_reason"].isin(["length", "max_model_len"]).sum()
-            rows.append(
-                (
-                    f"replay {name} ({window} x{scale})",
-                    f"{done}/{len(trace)} done in {time.perf_counter() - t2:.0f} s, "
-                    f"{int(requests['num_preemptions'].sum())} preemptions",
-                )
+        rows.append(("checkpoint", f"{time.perf_counter() - t0:.1f} s"))
+        for block_size in (int(b) for b in args.block_sizes.split(",")):
+            replays = parse_replays(args.replays) if block_size in replay_sizes else []
+            rows += calibrate(args, ckpt, gpu, block_size, replays, out)
+    (out / "calibrate.json").write_text(json.dumps(dict(rows), indent=2) + "\n")
+    print("\n".join(f"{k:<44} {v}" for k, v in rows))
+
+
+def calibrate(args, ckpt: Path, gpu: str, block_size: int, replays, out: Path) -> list[tuple[str, str]]:
+    """Serve `ckpt` at `block_size`: profile, fit, save, then the replays. Returns table rows."""
+    rows = []
+    blocks = args.num_kv_tokens // block_size
+    t0 = time.perf_counter()
+    llm = LLM(
+        ckpt,
+        block_size=block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        num_kv_blocks=blocks,
+    )
+    rows.append((f"bs{block_size}: engine ready (load + warm-up)", f"{time.perf_counter() - t0:.1f} s"))
+    t1 = time.perf_counter()
+    records = run_profile(llm, time_budget_s=args.profile_budget, progress=False)
+    tag = f"{args.preset}_{gpu.lower()}_tp1_bs{block_size}"
+    records.to_parquet(out / f"steps_{tag}.parquet", index=False)
+    profile = fit_profile(
+        records,
+        model=llm.spec,
+        gpu=gpu,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        tp=1,
+        block_size=block_size,
+        attention_backend=llm.attention_backend,
+        engine_version=_version(),
+        num_kv_blocks=blocks,
+        target="wall_time_s",
+        extra={
+            "model_name": args.preset,
+            "policy": "chunked",
+            "decode_kernel": getattr(llm.runner.backend, "decode_kernel", None),
+            "source": "benchmarks/calibrate.py",
+        },
+    )
+    profile.save(out / f"{tag}.json")
+    rows.append((f"bs{block_size}: profile", f"{len(records)} steps in {time.perf_counter() - t1:.0f} s"))
+    print(profile_report(profile), flush=True)
+    for name, window, scale in replays:
+        llm.recorder.reset()
+        llm.block_manager.reset_prefix_cache()  # the simulated twin starts with an empty cache
+        trace = load_trace_arg(args.trace, scale, None, window)
+        t2 = time.perf_counter()
+        requests = replay_trace(llm, trace, progress=False, max_wall_s=200)
+        extra = {"source": args.trace, "window": window, "rate_scale": scale, "gpu": gpu}
+        write_replay(llm, trace, requests, out / f"replay_{name}_bs{block_size}", extra)
+        done = requests["finish_reason"].isin(["length", "max_model_len"]).sum()
+        rows.append(
+            (
+                f"bs{block_size}: replay {name} ({window} x{scale})",
+                f"{done}/{len(trace)} done in {time.perf_counter() - t2:.0f} s, "
+                f"{int(requests['num_preemptions'].sum())} preemptions",
             )
-        llm.close()
-    (out / f"calibrate_bs{args.block_size}.json").write_text(json.dumps(dict(rows), indent=2) + "\n")
-    print("\n".join(f"{k:<40} {v}" for k, v in rows))
+        )
+    llm.close()
+    return rows
 
 
 if __name__ == "__main__":

@@ -165,7 +165,9 @@ class LLM:
             compiled, self._compiles = compiles != self._compiles, compiles
             wall = time.perf_counter() - t0
             allreduce_s = allreduce.total() if allreduce is not None else math.nan
-            recorder.record(batch, timer, wall, self.runner.last_graph_batch_size, compiled, allreduce_s)
+            recorder.record(
+                batch, timer, wall, self.runner.last_graph_batch_size, compiled, allreduce_s, start_s=t0
+            )
         return finished
 
     def _run(self, batch, timer, allreduce: AllReduceTimer | None) -> list[int]:

@@ -44,6 +44,7 @@ STEP_RECORD_COLUMNS = (
     "wall_time_s",
     "compiled",
     "allreduce_time_s",
+    "idle_before_s",
 )
 
 

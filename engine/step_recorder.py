@@ -3,7 +3,8 @@ the simulator's latency model. Columns are CONTRACT.md's "Step record columns".
 
 GPU time comes from CUDA event pairs that are resolved lazily in batches (no sync per step); on a
 CPU the "device" time is the forward's host time. A step that compiled a kernel is flagged.
-`allreduce_time_s` is the tensor-parallel all-reduce time when the engine profiles it, else NaN.
+`allreduce_time_s` is the tensor-parallel all-reduce time when the engine profiles it, else NaN;
+`idle_before_s` the wall time the engine sat idle between the previous step and this one.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class StepRecorder:
         self._pending: list[tuple[int, StepTimer]] = []
         self._spare: list[StepTimer] = []
         self._recent: dict[str, deque[float]] = {}
+        self._last_end = math.nan  # perf_counter when the last recorded step ended
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -85,8 +87,11 @@ class StepRecorder:
         graph_batch_size: int = 0,
         compiled: bool = False,
         allreduce_time_s: float = math.nan,
+        start_s: float = math.nan,
     ) -> None:
+        """One step's row; `start_s` (perf_counter at the step's start) gives `idle_before_s`."""
         compiled = compiled or self._looks_compiled(batch.kind, wall_time_s)
+        idle_before_s, self._last_end = start_s - self._last_end, start_s + wall_time_s
         self._rows.append(
             [
                 len(self._rows),
@@ -108,6 +113,7 @@ class StepRecorder:
                 wall_time_s,
                 compiled,
                 allreduce_time_s,
+                idle_before_s,
             ]
         )
         self._pending.append((len(self._rows) - 1, timer))
@@ -135,6 +141,7 @@ class StepRecorder:
         self._resolve()
         self._rows.clear()
         self._recent.clear()
+        self._last_end = math.nan
 
     def to_dataframe(self):
         import pandas as pd

@@ -4,11 +4,13 @@ both scheduling policies, with prefix caching on and off, under forced preemptio
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import MAX_NEW_TOKENS, make_prompts
 
 from engine.llm import LLM
+from engine.scheduler import make_batch
 from engine.sequence import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
@@ -72,6 +74,22 @@ def test_eager_and_graph_flags_on_cpu(checkpoints):
         df = llm.recorder.to_dataframe()
         assert (df["graph_batch_size"] == 0).all()
         assert df["gpu_time_s"].notna().all()
+        idle = df["idle_before_s"].to_numpy()
+        assert np.isnan(idle[0]) and (idle[1:] >= 0).all() and (idle[1:] < 0.5).all()
+
+
+def test_recorder_idle_before_s():
+    from engine.step_recorder import StepRecorder
+
+    rec = StepRecorder()
+    batch = make_batch([], [], [], [], [], 0)
+    for start, wall in ((10.0, 0.5), (10.75, 0.25), (12.0, 0.5)):
+        rec.record(batch, rec.timer(), wall, start_s=start)
+    idle = rec.to_dataframe()["idle_before_s"].tolist()
+    assert np.isnan(idle[0]) and idle[1:] == [0.25, 1.0]
+    rec.reset()
+    rec.record(batch, rec.timer(), 0.5, start_s=20.0)
+    assert np.isnan(rec.to_dataframe()["idle_before_s"][0])
 
 
 def test_decode_graph_buffers_on_cpu(checkpoints, hf_greedy, monkeypatch):
