@@ -16,7 +16,9 @@ import pandas as pd
 from engine.scheduler import STEP_RECORD_COLUMNS
 from simulator.latency.base import BatchShape, LatencyModelBase, StepTime
 
-DECODE_FEATURES = ("const", "batch_size", "num_context_tokens", "max_seq_len")
+DECODE_FEATURES = ("const", "batch_size", "num_context_tokens", "max_seq_len", "batch_x_max_seq_len")
+# Profiles fitted before batch_x_max_seq_len existed load with its coefficient 0.
+LEGACY_DECODE_FEATURES = DECODE_FEATURES[:4]
 PREFILL_FEATURES = (
     "const",
     "total_num_scheduled_tokens",
@@ -26,7 +28,7 @@ PREFILL_FEATURES = (
     "num_decode_seqs",
 )
 # Which StepTime part each feature's contribution is reported under (communication is folded in).
-DECODE_PARTS = ("overhead", "linear", "attention", "attention")
+DECODE_PARTS = ("overhead", "linear", "attention", "attention", "attention")
 PREFILL_PARTS = ("overhead", "linear", "attention", "attention", "overhead", "overhead")
 
 RECORD_COLUMNS = STEP_RECORD_COLUMNS
@@ -159,6 +161,8 @@ class FittedModel(LatencyModelBase):
     """Linear step-time model fitted on step records: decode and prefill/mixed fits.
 
     decode:  c0 + c1 * padded batch size + c2 * num_context_tokens + c3 * max_seq_len
+             + c4 * padded batch size * max_seq_len (KV read as if every sequence were the longest:
+               decode kernels that give each sequence its own programs wait for the longest one)
     prefill/mixed: c0 + c1 * new tokens + c2 * prefill_attn_work + c3 * num_context_tokens
                    + c4 * num_seqs + c5 * num_decode_seqs
     The padded batch size is the CUDA-graph size a decode step runs at (`graph_padded_batch_size`
@@ -173,6 +177,8 @@ class FittedModel(LatencyModelBase):
         summary: FitSummary | None = None,
         profile: Any = None,
     ) -> None:
+        if tuple(decode.features) == LEGACY_DECODE_FEATURES:
+            decode = LinearFit(DECODE_FEATURES, (*decode.coefficients, 0.0), decode.error)
         if tuple(decode.features) != DECODE_FEATURES:
             raise ValueError(
                 f"decode fit features {list(decode.features)} != expected {list(DECODE_FEATURES)}"
@@ -189,7 +195,7 @@ class FittedModel(LatencyModelBase):
         self.summary = summary
         self.profile = profile  # the LatencyProfile this model was loaded from, if any
         self._gmax = max_graph_batch_size
-        self._d0, self._d1, self._d2, self._d3 = (float(c) for c in decode.coefficients)
+        self._d0, self._d1, self._d2, self._d3, self._d4 = (float(c) for c in decode.coefficients)
         self._p = tuple(float(c) for c in prefill.coefficients)
 
     def __repr__(self) -> str:
@@ -202,7 +208,9 @@ class FittedModel(LatencyModelBase):
                 b = 1 if b <= 1 else 2 if b <= 2 else 4 if b <= 4 else 8
             else:
                 b = (b + 15) // 16 * 16
-        return self._d0 + self._d1 * b + self._d2 * num_context_tokens + self._d3 * max_seq_len
+        return (
+            self._d0 + self._d1 * b + self._d2 * num_context_tokens + (self._d3 + self._d4 * b) * max_seq_len
+        )
 
     def decode_step_times(
         self,
@@ -214,9 +222,11 @@ class FittedModel(LatencyModelBase):
         deadline: float,
     ) -> list[float]:
         """As the base class, with the first steps in an inlined loop: the same float operations in
-        the same order as `decode_step_time` ((d0 + d1*b) + d2*ctx) + d3*len, without a call each."""
-        base = self._d0 + self._d1 * graph_padded_batch_size(num_seqs, self._gmax)
-        d2, d3 = self._d2, self._d3
+        the same order as `decode_step_time` ((d0 + d1*b) + d2*ctx) + (d3 + d4*b)*len, without a call
+        each."""
+        b = graph_padded_batch_size(num_seqs, self._gmax)
+        base = self._d0 + self._d1 * b
+        d2, d3 = self._d2, self._d3 + self._d4 * b
         times = [start]
         t, ctx, length, done = start, num_context_tokens, max_seq_len, 0
         limit = min(max_steps, _INLINE_STEPS)
@@ -235,13 +245,16 @@ class FittedModel(LatencyModelBase):
         self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
     ) -> np.ndarray:
         b = graph_padded_batch_size(num_seqs, self._gmax)
-        return self._d0 + self._d1 * b + self._d2 * num_context_tokens + self._d3 * max_seq_len
+        return (
+            self._d0 + self._d1 * b + self._d2 * num_context_tokens + (self._d3 + self._d4 * b) * max_seq_len
+        )
 
     def _decode_parts(
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int
     ) -> tuple[float, float, float, float]:
         b = graph_padded_batch_size(num_seqs, self._gmax)
-        return (self._d1 * b, self._d2 * num_context_tokens + self._d3 * max_seq_len, 0.0, self._d0)
+        attention = self._d2 * num_context_tokens + (self._d3 + self._d4 * b) * max_seq_len
+        return (self._d1 * b, attention, 0.0, self._d0)
 
     def _predict_prefill(self, batch: BatchShape) -> StepTime:
         p = self._p
@@ -297,6 +310,7 @@ def decode_features(frame: pd.DataFrame, max_graph_batch_size: int) -> np.ndarra
             padded,
             frame["num_context_tokens"].to_numpy(dtype=np.float64),
             frame["max_seq_len"].to_numpy(dtype=np.float64),
+            padded * frame["max_seq_len"].to_numpy(dtype=np.float64),
         ]
     )
 
@@ -335,6 +349,19 @@ def _check_graph_sizes(decode: pd.DataFrame, gmax: int) -> None:
 
 
 LOSSES = ("absolute", "relative")
+
+
+def _varies_apart(a: np.ndarray, b: np.ndarray, min_spread: float = 0.05) -> bool:
+    """Whether `a` is more than a multiple of `b` over the records: the spread (coefficient of
+    variation) of a / b is at least `min_spread`. Used on num_seqs * max_seq_len against the context
+    sum: when every sequence of every decode step has about the same context they are one feature,
+    a fit could split the weight of b * max_seq_len and the context sum arbitrarily, then extrapolate
+    badly to batches of mixed lengths."""
+    ok = b > 0
+    if ok.sum() < 2:
+        return False
+    ratio = a[ok] / b[ok]
+    return float(np.std(ratio) / np.mean(ratio)) >= min_spread
 
 
 def _fit_kind(
@@ -436,9 +463,11 @@ def fit_step_records(
     gmax = _infer_max_graph(dec, max_num_seqs, max_graph_batch_size)
     _check_graph_sizes(dec, gmax)
     y = used[target_column].to_numpy(dtype=np.float64)
-    decode_fit = _fit_kind(
-        decode_features(dec, gmax), y[is_decode], DECODE_FEATURES, seed, holdout_fraction, "decode", loss
-    )
+    x_dec = decode_features(dec, gmax)
+    n_times_max = dec["num_seqs"].to_numpy(dtype=np.float64) * x_dec[:, 3]
+    if not _varies_apart(n_times_max, x_dec[:, 2]):
+        x_dec[:, 4] = 0.0  # records cannot tell b * max_seq_len from the context sum: leave it out
+    decode_fit = _fit_kind(x_dec, y[is_decode], DECODE_FEATURES, seed, holdout_fraction, "decode", loss)
     prefill_fit = _fit_kind(
         prefill_features(pre), y[~is_decode], PREFILL_FEATURES, seed, holdout_fraction, "prefill/mixed", loss
     )

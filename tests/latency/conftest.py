@@ -13,7 +13,7 @@ from engine.scheduler import ScheduledBatch, make_batch
 from engine.sequence import SamplingParams, Sequence
 
 # Known coefficients of the synthetic step-time function (seconds per unit of each feature).
-TRUE_DECODE = (2.0e-3, 2.0e-5, 3.0e-8, 1.0e-7)  # const, padded batch, context tokens, max_seq_len
+TRUE_DECODE = (2.0e-3, 2.0e-5, 3.0e-8, 1.0e-7, 2.0e-9)  # const, padded batch, context, max_seq_len, b*max
 TRUE_PREFILL = (
     3.0e-3,
     2.5e-6,
@@ -64,13 +64,15 @@ def synthetic_records(
     rows = []
     for _ in range(n_decode):
         n = int(rng.integers(1, 257))
-        ctx = rng.integers(1, 4000, size=n)
+        ctx = rng.integers(1, int(rng.integers(100, 4000)), size=n)
+        ctx[0] = rng.integers(1, 8000)  # the longest context is not tied to the sum
         padded = graph_padded_batch_size(n, GMAX)
         t = (
             TRUE_DECODE[0]
             + TRUE_DECODE[1] * padded
             + TRUE_DECODE[2] * ctx.sum()
             + TRUE_DECODE[3] * (ctx.max() + 1)
+            + TRUE_DECODE[4] * padded * (ctx.max() + 1)
         )
         rows.append(
             dict(kind="decode", num_seqs=n, num_prefill_seqs=0, num_decode_seqs=n, total_num_scheduled_tokens=n,

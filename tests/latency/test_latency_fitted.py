@@ -149,15 +149,22 @@ def test_breakdown_and_predict_frame(records: pd.DataFrame, truth) -> None:
     d = fit.decode.coefficients
     st = fit.predict(StepShape.decode(20, 10_000, 900))  # runs as a 32-wide graph
     assert st.overhead == d[0] and st.linear == d[1] * 32 and st.communication == 0.0
-    assert st.attention == d[2] * 10_000 + d[3] * 900
+    assert st.attention == d[2] * 10_000 + (d[3] + d[4] * 32) * 900
     kept = records[~records.compiled]
     totals = np.array([s.total for s in predict_frame(fit, kept)])
     rel = np.abs(totals - kept["gpu_time_s"]) / kept["gpu_time_s"]
     assert np.median(rel) < 0.012
 
 
+def test_legacy_four_feature_decode_fits_load_with_a_zero_fifth() -> None:
+    pre = LinearFit(PREFILL_FEATURES, (1e-3,) * 6)
+    old = FittedModel(LinearFit(DECODE_FEATURES[:4], (2e-3, 2e-5, 3e-8, 1e-7)), pre, max_graph_batch_size=256)
+    assert old.decode.coefficients == (2e-3, 2e-5, 3e-8, 1e-7, 0.0)
+    assert old.decode_step_time(20, 10_000, 900) == 2e-3 + 2e-5 * 32 + 3e-8 * 10_000 + 1e-7 * 900
+
+
 def test_feature_lists_are_checked() -> None:
-    dec = LinearFit(DECODE_FEATURES, (0.0, 0.0, 0.0, 0.0))
+    dec = LinearFit(DECODE_FEATURES, (0.0, 0.0, 0.0, 0.0, 0.0))
     with pytest.raises(ValueError, match="prefill fit features"):
         FittedModel(dec, LinearFit(("const",), (1.0,)))
     with pytest.raises(ValueError, match="2 features but 1 coefficients"):
@@ -179,3 +186,14 @@ def test_absolute_loss_weighs_long_steps_and_bad_loss_is_named(make_records, tru
     assert a.decode_step_time(*args) > r.decode_step_time(*args)
     with pytest.raises(ValueError, match="loss: 'l1' is not one of"):
         fit_step_records(records, max_num_seqs=truth.gmax, loss="l1")
+
+
+def test_batch_x_max_seq_len_is_left_out_when_records_cannot_separate_it(make_records, truth) -> None:
+    records = make_records(noise=0.0)
+    uniform = records.copy()
+    dec = uniform["kind"] == "decode"
+    # every sequence of a step equally long: b * max_seq_len is a multiple of the context sum
+    uniform.loc[dec, "max_seq_len"] = uniform.loc[dec, "num_context_tokens"] // uniform.loc[dec, "num_seqs"]
+    fit = fit_step_records(uniform, max_num_seqs=truth.gmax)
+    assert fit.decode.as_dict()["batch_x_max_seq_len"] == 0.0
+    assert fit_step_records(records, max_num_seqs=truth.gmax).decode.as_dict()["batch_x_max_seq_len"] > 0
