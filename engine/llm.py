@@ -31,6 +31,8 @@ from engine.step_recorder import StepRecorder
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
+COMPILE_CHECK_S = 0.02  # steps at least this long ask whether a kernel variant was compiled
+
 
 class LLM:
     """An engine over one HF checkpoint folder. Use as `with LLM(path) as llm: llm.generate(...)`.
@@ -161,9 +163,11 @@ class LLM:
         tokens = self._run(batch, timer, allreduce)
         finished = self.scheduler.postprocess(batch, tokens)
         if recorder is not None:
-            compiles = self.runner.compile_count()
-            compiled, self._compiles = compiles != self._compiles, compiles
             wall = time.perf_counter() - t0
+            compiled = False
+            if wall >= COMPILE_CHECK_S:  # compiling a kernel takes far longer: fast steps skip the count
+                compiles = self.runner.compile_count()
+                compiled, self._compiles = compiles != self._compiles, compiles
             allreduce_s = allreduce.total() if allreduce is not None else math.nan
             recorder.record(
                 batch, timer, wall, self.runner.last_graph_batch_size, compiled, allreduce_s, start_s=t0

@@ -160,3 +160,24 @@ def test_kv_sizing_from_measured_memory(checkpoints, monkeypatch):
         budget = 8 * gib - 2 * gib - 2 * gib - 1 * gib - (512 << 20)
         assert blocks == budget // kv_block_bytes(spec, 16)
         assert all(a.k_cache is None for a in llm.runner.model.attention_layers())  # scratch released
+
+
+@pytest.mark.parametrize("check_s,flagged", [(0.0, 1), (1e9, 0)])
+def test_a_compile_flags_its_step_when_the_step_is_slow_enough_to_ask(
+    checkpoints, monkeypatch, check_s, flagged
+):
+    """Steps of at least COMPILE_CHECK_S ask the runner whether a kernel variant was compiled; a
+    compile (here faked: the count grows once, at the third step) flags that step only."""
+    import engine.llm as engine_llm
+
+    monkeypatch.setattr(engine_llm, "COMPILE_CHECK_S", check_s)
+    _, llm = run_engine(checkpoints["qwen3"])
+    with llm:
+        llm.recorder.reset()
+        calls = iter(range(10_000))
+        base = llm._compiles
+        monkeypatch.setattr(llm.runner, "compile_count", lambda: base + (next(calls) >= 2))
+        llm.generate(make_prompts(), GREEDY, use_tqdm=False)
+        df = llm.recorder.to_dataframe()
+        assert int(df["compiled"].sum()) == flagged
+        assert df["compiled"].tolist()[2] == bool(flagged)
