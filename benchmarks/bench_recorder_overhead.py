@@ -1,5 +1,5 @@
 """StepRecorder overhead: the same workload on one engine with step recording on and off,
-alternated (on, off, on, off ...), reporting the relative slowdown of the medians (target <= 2%).
+alternated (on, off, then off, on, ...), reporting the relative slowdown of the medians (target <= 2%).
 
     PYTHONPATH=. python3 benchmarks/bench_recorder_overhead.py [--model-dir DIR] [--repeats 3]
 """
@@ -48,8 +48,8 @@ def main() -> None:
     prompts, params = workload(args.num_seqs, args.max_output)
     llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up
     times: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(args.repeats):
-        for on in (True, False):
+    for r in range(args.repeats):
+        for on in (True, False) if r % 2 == 0 else (False, True):  # alternate the order too
             llm.recorder = StepRecorder(recorder.tp, recorder.block_size, recorder.cuda) if on else None
             t = time.perf_counter()
             llm.generate(prompts, params, use_tqdm=False)

@@ -20,7 +20,7 @@ import torch
 from engine.scheduler import STEP_RECORD_COLUMNS, ScheduledBatch
 
 COLUMNS = STEP_RECORD_COLUMNS
-_RESOLVE_EVERY = 512
+_RESOLVE_EVERY = 64  # steps between resolving CUDA events (long done by then): timers are reused
 
 
 class StepTimer:
