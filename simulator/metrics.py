@@ -81,6 +81,17 @@ def itl_histogram(
     `steps` are schedulers' (itl_gaps, itl_weights) arrays; `runs` their fast-forwarded (end times,
     n): consecutive end times differ by a gap that n tokens saw (the same subtraction stepping does).
     """
+    v, w = itl_gaps(steps, runs)
+    if not len(v):
+        return v, w
+    uniq, inverse = np.unique(v, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=w)
+
+
+def itl_gaps(
+    steps: list[tuple[object, object]], runs: list[tuple[object, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """All inter-token gaps as (gaps, token counts), unsorted, repeats not merged (see itl_histogram)."""
     values = [np.asarray(g, dtype=float) for g, _ in steps]
     weights = [np.asarray(w, dtype=float) for _, w in steps]
     if runs:  # all runs at once: differences within each run, none across run boundaries
@@ -93,9 +104,7 @@ def itl_histogram(
         weights.append(per_run[1:][inside[1:]])
     if not values:
         return np.empty(0), np.empty(0)
-    v, w = np.concatenate(values), np.concatenate(weights)
-    uniq, inverse = np.unique(v, return_inverse=True)
-    return uniq, np.bincount(inverse, weights=w)
+    return np.concatenate(values), np.concatenate(weights)
 
 
 class ITLBins:
@@ -118,7 +127,7 @@ class ITLBins:
     def fold(self, scheduler) -> None:
         """Move a scheduler's recorded gaps (`drain_itl`) into the bins."""
         gaps, weights, runs = scheduler.drain_itl()
-        self.add(*itl_histogram([(gaps, weights)], runs))
+        self.add(*itl_gaps([(gaps, weights)], runs))  # binned as they are: no need to merge repeats
 
     def merged(self, others: list[ITLBins]) -> ITLBins:
         out = ITLBins()
