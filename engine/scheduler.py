@@ -369,7 +369,7 @@ class Scheduler:
             if target > len(seq.block_table) * bs:
                 if (
                     target <= (len(seq.block_table) + 1) * bs
-                    and bm.free_block_ids
+                    and bm.num_free_blocks
                     and not (caching and target // bs > seq.num_cached_blocks)
                 ):
                     bm.take_free_blocks(seq.block_table, 1)  # a decode opening one block
