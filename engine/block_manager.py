@@ -8,6 +8,7 @@ in a list and a deque: every operation on one block is O(1) (amortized), with fe
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 
 from engine.config import cdiv
 from engine.sequence import Sequence
@@ -104,11 +105,12 @@ class BlockManager:
             return hashes
         prev = hashes[-1] if hashes else ROOT_HASH
         tokens = seq.token_ids
-        if start + bs == end:  # one block (a decode filling its block)
+        num_new = num_blocks - len(hashes)
+        if num_new == 1:  # a decode filling its block
             hashes.append(hash((prev, tuple(tokens[start:end]))))
-        elif bs <= 16:  # zip(*[it] * bs) cuts small blocks into tuples in C: faster than slicing
-            it = iter(tokens[start:end])
-            hashes += [prev := hash((prev, block)) for block in zip(*[it] * bs)]
+        elif num_new >= 4 and bs <= 16:  # zip(*[it] * bs) cuts many small blocks into tuples in C
+            it = iter(tokens[start:end] if start else tokens)  # a whole prompt: no copy
+            hashes += [prev := hash((prev, block)) for block in islice(zip(*[it] * bs), num_new)]
         else:
             hashes += [prev := hash((prev, tuple(tokens[i : i + bs]))) for i in range(start, end, bs)]
         return hashes
@@ -177,19 +179,20 @@ class BlockManager:
         """Append `num` blocks from the front of the free list to `table`, evicting cached prefixes."""
         self.num_free_blocks -= num
         uncached, ref_counts = self.free_uncached, self.ref_counts
-        if num <= len(uncached):
-            taken = uncached[: -num - 1 : -1]
+        if uncached:
+            if num == 1:  # a decode opening a block
+                block_id = uncached.pop()
+                ref_counts[block_id] = 1
+                table.append(block_id)
+                return
+            taken = uncached[: -num - 1 : -1]  # the front of the free list (all of them if fewer)
             del uncached[-num:]
-            num = 0
-        else:
-            taken = uncached[::-1]
-            uncached.clear()
+            for block_id in taken:
+                ref_counts[block_id] = 1
+            table += taken
             num -= len(taken)
-        for block_id in taken:
-            ref_counts[block_id] = 1
-        table += taken
-        if not num:
-            return
+            if not num:
+                return
         # the rest are cached blocks, least recently freed first: evict the prefixes they hold
         popleft, stale = self.free_cached.popleft, self._num_stale
         hashes, srcs, hash_to_block_id = self.cached_hashes, self.cached_token_srcs, self.hash_to_block_id
