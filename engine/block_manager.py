@@ -1,12 +1,14 @@
 """Paged KV-cache block allocator with hash-chained prefix caching and LRU eviction.
 
 Torch-free bookkeeping only (block ids, ref counts, hashes); the engine's KV tensor and the
-simulator both follow it. Every operation on one block is O(1): the free list is an OrderedDict.
+simulator both follow it. Per-block state lives in flat lists indexed by block id, and the free list
+in a list and a deque: every operation on one block is O(1) (amortized), with few dict operations.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
+from itertools import islice
 
 from engine.config import cdiv
 from engine.sequence import Sequence
@@ -14,23 +16,15 @@ from engine.sequence import Sequence
 ROOT_HASH = 0x6B76706C616E  # chain seed for a sequence's first block
 
 
-class Block:
-    __slots__ = ("block_id", "ref_count", "block_hash", "token_src", "token_offset")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_count = 0
-        self.block_hash: int | None = None  # set once the block is registered in the cache
-        self.token_src: list[int] | None = None  # token list holding this block's tokens ...
-        self.token_offset = 0  # ... from this index: for the token check on a hit
-
-
 class BlockManager:
     """Allocates fixed-size blocks to sequences; caches full blocks by the hash of their prefix chain.
 
-    Free blocks wait in `free_block_ids`, least valuable first: blocks that hold no cached prefix sit
-    at the front, cached ones join the back when their last user frees them, and allocation evicts
-    from the front (least recently freed cached block once no uncached block is left).
+    The free list, least valuable first, is `free_uncached` (blocks that hold no cached prefix; a
+    stack, its end is the front of the free list) followed by `free_cached` (cached blocks, least
+    recently freed first): a freed block joins the front when it holds no cached prefix and the back
+    when it does, and allocation takes from the front, evicting once no uncached block is left.
+    A prefix hit on a free cached block takes it out of the middle of `free_cached` lazily: its entry
+    stays, counted in `_num_stale`, and is skipped when it reaches the front.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
@@ -41,8 +35,18 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.num_free_blocks = num_blocks
+        self.free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.free_cached: deque[int] = deque()
+        self._num_stale: dict[int, int] = {}  # block id -> entries of free_cached that a hit left
+        self._num_stale_total = 0
+        self.ref_counts = [0] * num_blocks
+        # per block, while it is registered in the cache: its hash, and where its tokens are for the
+        # token check on a hit (a token list of the sequence that filled it, which only grows, and
+        # the block's index in that sequence: mostly small ints, which cost no allocation)
+        self.cached_hashes: list[int | None] = [None] * num_blocks
+        self.cached_token_srcs: list[list[int] | None] = [None] * num_blocks
+        self.cached_block_indices = [0] * num_blocks
         self.hash_to_block_id: dict[int, int] = {}
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
@@ -50,12 +54,8 @@ class BlockManager:
 
     # ---- counters -------------------------------------------------------------------------------
     @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
-
-    @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_block_ids)
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def usage(self) -> float:
@@ -66,15 +66,53 @@ class BlockManager:
         q = self.num_prefix_queried_tokens
         return self.num_prefix_hit_tokens / q if q else 0.0
 
+    # ---- per-block views (tests, debugging) --------------------------------------------------------
+    @property
+    def free_block_ids(self) -> list[int]:
+        """The free list, front (allocated next) first: a snapshot."""
+        skip = dict(self._num_stale)
+        cached = []
+        for block_id in self.free_cached:
+            if skip.get(block_id):
+                skip[block_id] -= 1
+            else:
+                cached.append(block_id)
+        return self.free_uncached[::-1] + cached
+
+    def ref_count(self, block_id: int) -> int:
+        """Sequences holding `block_id`."""
+        return self.ref_counts[block_id]
+
+    def block_hash(self, block_id: int) -> int | None:
+        """The hash a block is registered under (None when it holds no cached prefix)."""
+        return self.cached_hashes[block_id]
+
+    def block_token_ids(self, block_id: int) -> tuple[int, ...] | None:
+        """The tokens a cached block holds (None when it holds no cached prefix)."""
+        tokens = self.cached_token_srcs[block_id]
+        if tokens is None:
+            return None
+        offset = self.cached_block_indices[block_id] * self.block_size
+        return tuple(tokens[offset : offset + self.block_size])
+
     # ---- hashing --------------------------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
         """The hash chain of the first `num_blocks` full blocks of `seq` (memoised on the sequence)."""
         hashes = seq.block_hashes
-        bs, tokens = self.block_size, seq.token_ids
+        bs = self.block_size
+        start, end = len(hashes) * bs, num_blocks * bs
+        if start >= end:
+            return hashes
         prev = hashes[-1] if hashes else ROOT_HASH
-        for start in range(len(hashes) * bs, num_blocks * bs, bs):
-            prev = hash((prev, tuple(tokens[start : start + bs])))
-            hashes.append(prev)
+        tokens = seq.token_ids
+        num_new = num_blocks - len(hashes)
+        if num_new == 1:  # a decode filling its block
+            hashes.append(hash((prev, tuple(tokens[start:end]))))
+        elif num_new >= 4 and bs <= 16:  # zip(*[it] * bs) cuts many small blocks into tuples in C
+            it = iter(tokens[start:end] if start else tokens)  # a whole prompt: no copy
+            hashes += [prev := hash((prev, block)) for block in islice(zip(*[it] * bs), num_new)]
+        else:
+            hashes += [prev := hash((prev, tuple(tokens[i : i + bs]))) for i in range(start, end, bs)]
         return hashes
 
     def lookup_prefix(self, seq: Sequence) -> list[int]:
@@ -86,23 +124,16 @@ class BlockManager:
         hashes = self.block_hashes(seq, max_blocks)
         hits: list[int] = []
         tokens, get = seq.token_ids, self.hash_to_block_id.get
+        srcs, indices = self.cached_token_srcs, self.cached_block_indices
         for i in range(max_blocks):
             block_id = get(hashes[i])
             if block_id is None:
                 break
-            block = self.blocks[block_id]
-            off = block.token_offset
-            if block.token_src[off : off + bs] != tokens[i * bs : (i + 1) * bs]:
+            off = indices[block_id] * bs
+            if srcs[block_id][off : off + bs] != tokens[i * bs : (i + 1) * bs]:
                 break  # a hash collision: the tokens differ
             hits.append(block_id)
         return hits
-
-    def block_token_ids(self, block_id: int) -> tuple[int, ...] | None:
-        """The tokens a cached block holds (None when it holds no cached prefix)."""
-        block = self.blocks[block_id]
-        if block.token_src is None:
-            return None
-        return tuple(block.token_src[block.token_offset : block.token_offset + self.block_size])
 
     # ---- allocation -----------------------------------------------------------------------------
     def num_blocks_needed(self, seq: Sequence, num_tokens: int, hits: list[int] | None = None) -> int:
@@ -110,26 +141,29 @@ class BlockManager:
         have = len(seq.block_table) + (len(hits) if hits else 0)
         need = max(0, cdiv(num_tokens, self.block_size) - have)
         if hits:
-            need += sum(1 for b in hits if self.blocks[b].ref_count == 0)
+            ref_counts = self.ref_counts
+            need += sum(1 for b in hits if not ref_counts[b])
         return need
 
     def allocate_slots(self, seq: Sequence, num_tokens: int, hits: list[int] | None = None) -> bool:
         """Grow `seq.block_table` to cover `num_tokens` slots, first taking the prefix-hit blocks, and
         register the blocks those tokens fill. Returns False, changing nothing, when too few are free.
         """
-        table, free_ids = seq.block_table, self.free_block_ids
+        table = seq.block_table
         if hits:
-            if self.num_blocks_needed(seq, num_tokens, hits) > len(free_ids):
+            if self.num_blocks_needed(seq, num_tokens, hits) > self.num_free_blocks:
                 return False
+            ref_counts, stale = self.ref_counts, self._num_stale
             for block_id in hits:
-                block = self.blocks[block_id]
-                if block.ref_count == 0:
-                    del free_ids[block_id]
-                block.ref_count += 1
-                table.append(block_id)
+                if not ref_counts[block_id]:  # free: its free_cached entry is now stale
+                    stale[block_id] = stale.get(block_id, 0) + 1
+                    self._num_stale_total += 1
+                    self.num_free_blocks -= 1
+                ref_counts[block_id] += 1
+            table += hits
             seq.num_cached_blocks = len(table)
         num_new = -(-num_tokens // self.block_size) - len(table)
-        if num_new > len(free_ids):
+        if num_new > self.num_free_blocks:
             return False
         if num_new > 0:
             self.take_free_blocks(table, num_new)
@@ -143,19 +177,44 @@ class BlockManager:
 
     def take_free_blocks(self, table: list[int], num: int) -> None:
         """Append `num` blocks from the front of the free list to `table`, evicting cached prefixes."""
-        popitem, blocks, cached = self.free_block_ids.popitem, self.blocks, self.hash_to_block_id
-        num_evicted = 0
+        self.num_free_blocks -= num
+        uncached, ref_counts = self.free_uncached, self.ref_counts
+        if uncached:
+            if num == 1:  # a decode opening a block
+                block_id = uncached.pop()
+                ref_counts[block_id] = 1
+                table.append(block_id)
+                return
+            taken = uncached[: -num - 1 : -1]  # the front of the free list (all of them if fewer)
+            del uncached[-num:]
+            for block_id in taken:
+                ref_counts[block_id] = 1
+            table += taken
+            num -= len(taken)
+            if not num:
+                return
+        # the rest are cached blocks, least recently freed first: evict the prefixes they hold
+        popleft, stale = self.free_cached.popleft, self._num_stale
+        hashes, srcs, hash_to_block_id = self.cached_hashes, self.cached_token_srcs, self.hash_to_block_id
         for _ in range(num):
-            block_id = popitem(last=False)[0]
-            block = blocks[block_id]
-            if block.block_hash is not None:  # evict the cached prefix this block held
-                del cached[block.block_hash]  # a block keeps a hash only while the cache maps it there
-                block.block_hash = None
-                block.token_src = None
-                num_evicted += 1
-            block.ref_count = 1
+            block_id = popleft()
+            while stale and block_id in stale:  # an entry a prefix hit left behind
+                self._drop_stale(block_id)
+                block_id = popleft()
+            del hash_to_block_id[hashes[block_id]]
+            hashes[block_id] = None
+            srcs[block_id] = None
+            ref_counts[block_id] = 1
             table.append(block_id)
-        self.num_evictions += num_evicted
+        self.num_evictions += num
+
+    def _drop_stale(self, block_id: int) -> None:
+        count = self._num_stale[block_id]
+        if count == 1:
+            del self._num_stale[block_id]
+        else:
+            self._num_stale[block_id] = count - 1
+        self._num_stale_total -= 1
 
     def cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Register the blocks that are full once the first `num_tokens` tokens of `seq` are computed.
@@ -163,47 +222,69 @@ class BlockManager:
         As in vLLM v1 this happens at allocation, for the tokens the coming step computes: a request
         scheduled later in the same step may hit them, because every layer stores its KV before it
         attends. A block keeps a reference to its tokens (the sequence's list, which only grows).
+        A full block whose hash is already registered (a copy of a cached block) stays unregistered.
         """
         bs = self.block_size
         num_full = num_tokens // bs
+        first = seq.num_cached_blocks
         hashes, tokens = seq.block_hashes, seq.token_ids
         if len(hashes) + 1 == num_full:  # the decode case: one block to hash, inlined
             start = num_full * bs - bs
             hashes.append(hash((hashes[-1] if hashes else ROOT_HASH, tuple(tokens[start : start + bs]))))
         elif len(hashes) < num_full:
             self.block_hashes(seq, num_full)
-        table, blocks = seq.block_table, self.blocks
-        setdefault = self.hash_to_block_id.setdefault
-        for i in range(seq.num_cached_blocks, num_full):
+        table, setdefault = seq.block_table, self.hash_to_block_id.setdefault
+        cached_hashes, srcs, indices = self.cached_hashes, self.cached_token_srcs, self.cached_block_indices
+        for i in range(first, num_full):
             block_id = table[i]
             block_hash = hashes[i]
             if setdefault(block_hash, block_id) == block_id:  # else a copy of a cached block, left uncached
-                block = blocks[block_id]
-                block.block_hash = block_hash
-                block.token_src = tokens
-                block.token_offset = i * bs
+                cached_hashes[block_id] = block_hash
+                srcs[block_id] = tokens
+                indices[block_id] = i
         seq.num_cached_blocks = num_full
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (between independent runs); only while no block is in use."""
         if self.num_used_blocks:
             raise RuntimeError(f"reset_prefix_cache: {self.num_used_blocks} blocks are still in use")
-        for block in self.blocks:
-            block.block_hash = None
-            block.token_src = None
+        n = self.num_blocks
+        self.cached_hashes = [None] * n
+        self.cached_token_srcs = [None] * n
         self.hash_to_block_id.clear()
-        self.free_block_ids = OrderedDict.fromkeys(range(self.num_blocks))
+        self.free_cached.clear()
+        self._num_stale.clear()
+        self._num_stale_total = 0
+        self.free_uncached = list(range(n - 1, -1, -1))
 
     def free(self, seq: Sequence) -> None:
         """Release the blocks of `seq`, tail first, so that its prefix stays cached longest."""
-        free_ids, blocks = self.free_block_ids, self.blocks
+        ref_counts, cached_hashes = self.ref_counts, self.cached_hashes
+        to_front, to_back = self.free_uncached.append, self.free_cached.append
+        num_freed = 0
         for block_id in reversed(seq.block_table):
-            block = blocks[block_id]
-            ref_count = block.ref_count - 1
-            block.ref_count = ref_count
+            ref_count = ref_counts[block_id] - 1
+            ref_counts[block_id] = ref_count
             if not ref_count:
-                free_ids[block_id] = None
-                if block.block_hash is None:
-                    free_ids.move_to_end(block_id, last=False)
+                num_freed += 1
+                if cached_hashes[block_id] is None:
+                    to_front(block_id)
+                else:
+                    to_back(block_id)
+        self.num_free_blocks += num_freed
+        if self._num_stale_total > self.num_blocks:
+            self._compact_free_cached()
         seq.block_table = []
         seq.num_cached_blocks = 0
+
+    def _compact_free_cached(self) -> None:
+        """Drop the stale entries of `free_cached` (hits on free blocks leave one each)."""
+        live: deque[int] = deque()
+        stale = self._num_stale
+        for block_id in self.free_cached:
+            count = stale.get(block_id)
+            if count:
+                self._drop_stale(block_id)
+            else:
+                live.append(block_id)
+        self.free_cached = live

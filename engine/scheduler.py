@@ -370,7 +370,7 @@ class Scheduler:
             if target > len(seq.block_table) * bs:
                 if (
                     target <= (len(seq.block_table) + 1) * bs
-                    and bm.free_block_ids
+                    and bm.num_free_blocks
                     and not (caching and target // bs > seq.num_cached_blocks)
                 ):
                     bm.take_free_blocks(seq.block_table, 1)  # a decode opening one block
@@ -484,14 +484,13 @@ class Scheduler:
         context = sum(s.num_computed_tokens for s in running)
         max_len = max(s.num_computed_tokens for s in running) + 1
         times = decode_times(len(running), context, max_len, k_max, start, deadline)
-        k, events = self._block_events(len(times) - 1)
+        k = self._steps_before_preemption(len(times) - 1)
         if self.waiting and self.block_manager.enable_prefix_caching:
             k = self._stop_before_new_hit(k, token_id)
-            events = [e for e in events if e[0] <= k]
         if k <= 0:
             return 0, start, []
         end = float(times[k])
-        self._apply_fast_forward(times[: k + 1], end, events, token_id)
+        self._apply_fast_forward(times[: k + 1], end, token_id)
         finished: list[Sequence] = []
         if k == k_max:
             max_model_len = self.config.max_model_len
@@ -505,7 +504,7 @@ class Scheduler:
     def _decode_run_limit(self, max_steps: int) -> int:
         """Decode steps that can run until (and with) the first in which a request finishes; 0 unless
         every running request is a plain decode (one pending token, a token already out, EOS
-        ignored, cache registered)."""
+        ignored, blocks covering exactly its computed tokens, cache registered)."""
         bs = self.block_manager.block_size
         caching = self.block_manager.enable_prefix_caching
         max_model_len = self.config.max_model_len
@@ -515,39 +514,32 @@ class Scheduler:
             n = len(seq.token_ids)
             if n - c != 1 or not seq.ignore_eos or seq.last_token_time is None:
                 return 0
-            if caching and seq.num_cached_blocks != c // bs:
+            if len(seq.block_table) != -(-c // bs) or (caching and seq.num_cached_blocks != c // bs):
                 return 0
             left = min(seq.max_tokens - n + seq.num_prompt_tokens, max_model_len - n)
             if left < k_max:
                 k_max = left
         return k_max
 
-    def _block_events(self, k: int) -> tuple[int, list[tuple[int, int, int]]]:
-        """(steps possible before a preemption, block events up to then): (step, running index, 0)
-        takes a block for the step's token, (step, running index, 1) registers the block it fills;
-        sorted, that is the order stepping's `allocate_slots` calls do both in."""
-        bm = self.block_manager
-        bs, caching = bm.block_size, bm.enable_prefix_caching
-        events: list[tuple[int, int, int]] = []
-        allocs: list[int] = []
-        for idx, seq in enumerate(self.running):
-            c = seq.num_computed_tokens
-            first = len(seq.block_table) * bs - c + 1  # the step whose token opens a block
-            if first <= k:
-                alloc_steps = range(first, k + 1, bs)
-                allocs.extend(alloc_steps)
-                events.extend([(j, idx, 0) for j in alloc_steps])
-            if caching:  # the steps that fill a block, which is then registered
-                first = (seq.num_cached_blocks + 1) * bs - c
-                if first <= k:
-                    events.extend([(j, idx, 1) for j in range(first, k + 1, bs)])
-        free = bm.num_free_blocks
-        if len(allocs) > free:
-            allocs.sort()
-            k = allocs[free] - 1
-            events = [e for e in events if e[0] <= k]
-        events.sort()
-        return k, events
+    def _steps_before_preemption(self, k: int) -> int:
+        """Cap a run of k decode steps before the first step whose new block finds the free list
+        empty (stepping would preempt there).
+
+        A sequence whose blocks cover its c computed tokens opens its next block at step
+        len(block_table) * bs - c + 1, in 1..bs, and one more every bs steps; so stepping allocates
+        in rounds of one block per sequence, each round in the order of that first step."""
+        bm, running = self.block_manager, self.running
+        bs, free = bm.block_size, bm.num_free_blocks
+        need = 0
+        for seq in running:
+            more = -(-(seq.num_computed_tokens + k) // bs) - len(seq.block_table)
+            if more > 0:
+                need += more
+        if need <= free:
+            return k
+        firsts = sorted(len(s.block_table) * bs - s.num_computed_tokens + 1 for s in running)
+        rounds, i = divmod(free, len(running))
+        return firsts[i] + rounds * bs - 1  # the step before allocation number `free` (from 0)
 
     def _stop_before_new_hit(self, k: int, token_id: int) -> int:
         """Cap a run of k steps before the step in which a running request would register the
@@ -570,21 +562,21 @@ class Scheduler:
                     k = step - 1
         return k
 
-    def _apply_fast_forward(
-        self, times: Seq[float], end: float, events: list[tuple[int, int]], token_id: int
-    ) -> None:
+    def _apply_fast_forward(self, times: Seq[float], end: float, token_id: int) -> None:
         k = len(times) - 1
         running, bm = self.running, self.block_manager
-        start_computed = [s.num_computed_tokens for s in running]
         new_tokens = [token_id] * k
         for seq in running:
             seq.token_ids.extend(new_tokens)
-        for j, idx, register in events:
-            seq = running[idx]
-            if register:
-                bm.cache_full_blocks(seq, start_computed[idx] + j)
-            else:
-                bm.take_free_blocks(seq.block_table, 1)
+        if bm.enable_prefix_caching and self._new_blocks_collide(k):
+            self._apply_block_events(k)
+        else:
+            self._take_run_blocks(k)
+            if bm.enable_prefix_caching:
+                for seq in running:
+                    num_tokens = seq.num_computed_tokens + k
+                    if num_tokens // bm.block_size > seq.num_cached_blocks:
+                        bm.cache_full_blocks(seq, num_tokens)
         if self.record_itl:
             gaps: dict[float, int] = {}
             for seq in running:
@@ -595,6 +587,61 @@ class Scheduler:
         for seq in running:
             seq.num_computed_tokens += k
             seq.last_token_time = end
+
+    def _new_blocks_collide(self, k: int) -> bool:
+        """Whether a block that the next k steps fill has a hash already cached or filled twice: only
+        then does registering in stepping's order, between allocations, change the outcome."""
+        bm = self.block_manager
+        bs = bm.block_size
+        new_hashes: list[int] = []
+        for seq in self.running:
+            num_full = (seq.num_computed_tokens + k) // bs
+            if num_full > seq.num_cached_blocks:
+                new_hashes += bm.block_hashes(seq, num_full)[seq.num_cached_blocks : num_full]
+        cached = bm.hash_to_block_id.keys()
+        return not cached.isdisjoint(new_hashes) or len(set(new_hashes)) < len(new_hashes)
+
+    def _take_run_blocks(self, k: int) -> None:
+        """Give each running sequence the blocks that the next k steps open, taken from the free list
+        in stepping's order (see `_steps_before_preemption`): one call, then dealt out by slicing."""
+        running, bm = self.running, self.block_manager
+        bs = bm.block_size
+        opens = []  # (the step that opens the sequence's next block, running index)
+        for idx, seq in enumerate(running):
+            first = len(seq.block_table) * bs - seq.num_computed_tokens + 1
+            if first <= k:
+                opens.append((first, idx))
+        if not opens:
+            return
+        opens.sort()
+        # every sequence opens m or m + 1 blocks (first steps lie within bs), the latter at the front
+        counts = [(k - first) // bs + 1 for first, _ in opens]
+        n, m = len(opens), counts[-1]
+        block_ids: list[int] = []
+        bm.take_free_blocks(block_ids, sum(counts))
+        for i, (_, idx) in enumerate(opens):
+            table = running[idx].block_table
+            table += block_ids[i : m * n : n]  # one block from each of the m full rounds
+            if counts[i] > m:
+                table.append(block_ids[m * n + i])
+
+    def _apply_block_events(self, k: int) -> None:
+        """Allocate and register block by block, in the order stepping would (by step, then running
+        index, an allocation before a registration)."""
+        running, bm = self.running, self.block_manager
+        bs = bm.block_size
+        events: list[tuple[int, int, int]] = []
+        for idx, seq in enumerate(running):
+            c = seq.num_computed_tokens
+            events += [(j, idx, 0) for j in range(len(seq.block_table) * bs - c + 1, k + 1, bs)]
+            events += [(j, idx, 1) for j in range((seq.num_cached_blocks + 1) * bs - c, k + 1, bs)]
+        events.sort()
+        for j, idx, register in events:
+            seq = running[idx]
+            if register:
+                bm.cache_full_blocks(seq, seq.num_computed_tokens + j)
+            else:
+                bm.take_free_blocks(seq.block_table, 1)
 
 
 def _stop_reason(seq: Sequence, token: int, max_model_len: int) -> str | None:

@@ -190,15 +190,13 @@ def block_manager_state(bm: BlockManager) -> tuple:
         bm.num_free_blocks,
         list(bm.free_block_ids),
         dict(bm.hash_to_block_id),
-        [(b.ref_count, b.block_hash, block_tokens(bm, b.block_id)) for b in bm.blocks],
+        [(bm.ref_count(i), bm.block_hash(i), bm.block_token_ids(i)) for i in range(bm.num_blocks)],
     )
 
 
 def block_tokens(bm: BlockManager, block_id: int) -> tuple[int, ...] | None:
     """The tokens a cached block holds (None when it holds no cached prefix)."""
-    if hasattr(bm, "block_token_ids"):
-        return bm.block_token_ids(block_id)
-    return bm.blocks[block_id].token_ids  # the representation before `block_token_ids` existed
+    return bm.block_token_ids(block_id)
 
 
 # ---- invariants --------------------------------------------------------------------------------------
@@ -209,11 +207,13 @@ def check_block_invariants(sched: Scheduler) -> None:
     assert len(free) + bm.num_used_blocks == bm.num_blocks
     assert all(0 <= b < bm.num_blocks for b in free)
     holders = Counter(b for seq in sched.running for b in seq.block_table)
-    for block in bm.blocks:
-        assert block.ref_count >= 0, block.block_id
+    assert len(set(free)) == len(free)
+    for block_id in range(bm.num_blocks):
+        ref_count = bm.ref_count(block_id)
+        assert ref_count >= 0, block_id
         # a block is free exactly when nobody holds it: never both free and referenced
-        assert (block.block_id in free) == (block.ref_count == 0), block.block_id
-        assert block.ref_count == holders.get(block.block_id, 0), block.block_id
+        assert (block_id in free) == (ref_count == 0), block_id
+        assert ref_count == holders.get(block_id, 0), block_id
     for seq in sched.running:
         assert seq.status is SequenceStatus.RUNNING
         assert len(set(seq.block_table)) == len(seq.block_table)
@@ -222,7 +222,7 @@ def check_block_invariants(sched: Scheduler) -> None:
         assert seq.block_table == []
         assert seq.num_computed_tokens == 0
     for h, block_id in bm.hash_to_block_id.items():
-        assert bm.blocks[block_id].block_hash == h
+        assert bm.block_hash(block_id) == h
 
 
 def check_running_coverage(sched: Scheduler) -> None:

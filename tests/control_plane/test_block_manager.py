@@ -32,9 +32,9 @@ def check_consistent(bm: BlockManager, *holders: Sequence) -> None:
     for s in holders:
         for b in s.block_table:
             refs[b] = refs.get(b, 0) + 1
-    for block in bm.blocks:
-        assert block.ref_count == refs.get(block.block_id, 0)
-        assert (block.block_id in bm.free_block_ids) == (block.ref_count == 0)
+    for block_id in range(bm.num_blocks):
+        assert bm.ref_count(block_id) == refs.get(block_id, 0)
+        assert (block_id in bm.free_block_ids) == (bm.ref_count(block_id) == 0)
 
 
 # ---- the seed example -----------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ def test_seed_example_through_the_scheduler():
     assert batch.num_scheduled_tokens == (4, 3, 2)
     assert batch.total_num_cached_tokens == 3
     assert batch.num_kv_blocks_used == 4
-    assert [blk.ref_count for blk in bm.blocks] == [2, 1, 1, 1, 0, 0, 0, 0]
+    assert [bm.ref_count(i) for i in range(bm.num_blocks)] == [2, 1, 1, 1, 0, 0, 0, 0]
     assert list(bm.free_block_ids) == [4, 5, 6, 7]
     assert (bm.num_prefix_hit_tokens, bm.num_prefix_queried_tokens) == (3, 4 + 6 + 2)
     assert bm.prefix_hit_rate == 3 / 12
@@ -66,7 +66,7 @@ def test_seed_example_through_the_scheduler():
     # a frees 1 (uncached: front) then 0 (still held by b); b frees 2 then 0 (cached: back);
     # c frees 3 (uncached: front)
     assert list(bm.free_block_ids) == [3, 1, 4, 5, 6, 7, 2, 0]
-    assert [blk.ref_count for blk in bm.blocks] == [0] * 8
+    assert [bm.ref_count(i) for i in range(bm.num_blocks)] == [0] * 8
     assert a.block_table == b.block_table == c.block_table == []
 
 
@@ -133,7 +133,7 @@ def test_hit_on_a_free_cached_block_takes_it_off_the_free_list():
     assert bm.num_blocks_needed(b, 5, hits) == 2 + 1  # 2 fresh blocks + the free cached hit
     assert bm.allocate_slots(b, 5, hits)
     assert b.block_table == [0, 1, 2]
-    assert bm.blocks[0].ref_count == 1
+    assert bm.ref_count(0) == 1
     assert list(bm.free_block_ids) == [3, 0][:1]
     assert bm.num_evictions == 0
 
@@ -162,7 +162,7 @@ def test_tail_block_is_registered_when_it_fills_during_decode():
     assert batch.seqs == (a, b)
     assert batch.num_cached_tokens == (0, 4)
     assert b.block_table[0] == a.block_table[0]
-    assert bm.blocks[a.block_table[0]].ref_count == 2
+    assert bm.ref_count(a.block_table[0]) == 2
 
 
 def test_registration_is_idempotent_over_decode_steps():
@@ -184,7 +184,11 @@ def test_allocation_failure_changes_nothing():
     bm = BlockManager(3, 2)
     a = seq(0, [1, 2, 3])
     admit(bm, a)
-    before = (list(bm.free_block_ids), dict(bm.hash_to_block_id), [blk.ref_count for blk in bm.blocks])
+    before = (
+        list(bm.free_block_ids),
+        dict(bm.hash_to_block_id),
+        [bm.ref_count(i) for i in range(bm.num_blocks)],
+    )
     big = seq(1, [1, 2, 9, 9, 9])  # hits block 0, needs 2 more blocks, only 1 free
     hits = bm.lookup_prefix(big)
     assert hits == [0]
@@ -194,7 +198,7 @@ def test_allocation_failure_changes_nothing():
     assert (
         list(bm.free_block_ids),
         dict(bm.hash_to_block_id),
-        [blk.ref_count for blk in bm.blocks],
+        [bm.ref_count(i) for i in range(bm.num_blocks)],
     ) == before
 
 
@@ -269,15 +273,46 @@ def test_reused_cached_block_moves_to_the_back_again_when_freed():
     assert bm.num_evictions == 2
 
 
+def test_hits_on_a_free_cached_block_leave_the_free_list_exact():
+    """A hit takes a free cached block out of the middle of the free list; the entry it leaves behind
+    is skipped by allocation and dropped once such entries outnumber the blocks."""
+    bm = BlockManager(4, 2)
+    a = seq(0, [1, 2, 3])
+    admit(bm, a)
+    bm.free(a)
+    assert list(bm.free_block_ids) == [1, 2, 3, 0]
+    for i in range(3):  # hit block 0 while it is free, take block 1, free both again
+        b = seq(1 + i, [1, 2, 9])
+        assert admit(bm, b) == [0]
+        assert b.block_table == [0, 1]
+        assert list(bm.free_block_ids) == [2, 3]
+        bm.free(b)
+        assert list(bm.free_block_ids) == [1, 2, 3, 0]
+    c = seq(10, [5, 6, 7, 8, 9, 10, 11])  # the whole cache: block 0 is evicted once, last
+    admit(bm, c)
+    assert c.block_table == [1, 2, 3, 0]
+    assert bm.num_evictions == 1
+    bm.free(c)
+    assert list(bm.free_block_ids) == [0, 3, 2, 1]
+    for i in range(6):  # more hits on free cached block 1 than there are blocks
+        d = seq(20 + i, [5, 6, 9])
+        assert admit(bm, d) == [1]
+        assert d.block_table == [1, 0]
+        bm.free(d)
+    assert list(bm.free_block_ids) == [0, 3, 2, 1]
+    assert len(bm.free_cached) <= bm.num_blocks  # the entries the hits left were dropped
+    check_consistent(bm)
+
+
 def test_shared_block_is_freed_only_by_its_last_user():
     bm = BlockManager(4, 2)
     a, b = seq(0, [1, 2, 3]), seq(1, [1, 2, 4])
     admit(bm, a)
     assert admit(bm, b) == [0]
-    assert bm.blocks[0].ref_count == 2
+    assert bm.ref_count(0) == 2
     bm.free(a)
     assert 0 not in bm.free_block_ids
-    assert bm.blocks[0].ref_count == 1
+    assert bm.ref_count(0) == 1
     bm.free(b)
     assert list(bm.free_block_ids)[-1] == 0
     check_consistent(bm)

@@ -133,7 +133,7 @@ def run_case(case: Case) -> tuple[list[tuple], list[tuple], int]:
             assert s.block_table == []
         step += 1
     assert bm.num_free_blocks == bm.num_blocks
-    assert all(b.ref_count == 0 for b in bm.blocks)
+    assert all(bm.ref_count(i) == 0 for i in range(bm.num_blocks))
     for s in seqs:
         assert s.is_finished
         if s.status is SequenceStatus.REJECTED:
