@@ -227,12 +227,7 @@ class BlockManager:
         bs = self.block_size
         num_full = num_tokens // bs
         first = seq.num_cached_blocks
-        hashes, tokens = seq.block_hashes, seq.token_ids
-        if len(hashes) + 1 == num_full:  # the decode case: one block to hash, inlined
-            start = num_full * bs - bs
-            hashes.append(hash((hashes[-1] if hashes else ROOT_HASH, tuple(tokens[start : start + bs]))))
-        elif len(hashes) < num_full:
-            self.block_hashes(seq, num_full)
+        hashes, tokens = self.block_hashes(seq, num_full), seq.token_ids
         table, setdefault = seq.block_table, self.hash_to_block_id.setdefault
         cached_hashes, srcs, indices = self.cached_hashes, self.cached_token_srcs, self.cached_block_indices
         for i in range(first, num_full):

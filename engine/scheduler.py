@@ -507,7 +507,6 @@ class Scheduler:
         ignored, blocks covering exactly its computed tokens, cache registered)."""
         bs = self.block_manager.block_size
         caching = self.block_manager.enable_prefix_caching
-        max_model_len = self.config.max_model_len
         k_max = max_steps
         for seq in self.running:
             c = seq.num_computed_tokens
@@ -516,7 +515,7 @@ class Scheduler:
                 return 0
             if len(seq.block_table) != -(-c // bs) or (caching and seq.num_cached_blocks != c // bs):
                 return 0
-            left = min(seq.max_tokens - n + seq.num_prompt_tokens, max_model_len - n)
+            left = seq.stop_num_tokens - n  # add_request capped it at max_model_len
             if left < k_max:
                 k_max = left
         return k_max
