@@ -10,6 +10,7 @@ the same batches in lockstep; only rank 0 gets logits and samples.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
 from engine.config import ModelSpec, cdiv, num_kv_blocks
 from engine.kv_cache import KVCache
+from engine.layers import triton_ops
 from engine.layers.distributed import min_over_ranks
+from engine.layers.layernorm import LAYER_IMPLS
 from engine.loader import load_weights
 from engine.models import model_class
 from engine.sampler import Sampler
@@ -28,6 +31,21 @@ from engine.sequence import SamplingParams, Sequence
 
 DEFAULT_CPU_KV_BLOCKS = 512
 GRAPH_MEMORY_RESERVE = 512 << 20  # bytes kept back for the decode graphs' memory pool
+
+
+def layer_impl(device: torch.device, requested: str | None = None) -> str:
+    """Kernels of the per-token layers (norms, rotary, SiLU): $KVPLAN_LAYER_IMPL or `requested`, else
+    "triton" on CUDA where Triton is installed ("compile" without it), "torch" on CPU."""
+    choice = requested or os.environ.get("KVPLAN_LAYER_IMPL") or "auto"
+    if choice == "auto":
+        if device.type != "cuda":
+            return "torch"
+        return "triton" if triton_ops.available() else "compile"
+    if choice not in LAYER_IMPLS:
+        raise ValueError(f"KVPLAN_LAYER_IMPL: {choice!r} is not one of {['auto', *LAYER_IMPLS]}")
+    if choice == "triton" and not (triton_ops.available() and device.type == "cuda"):
+        raise ValueError("KVPLAN_LAYER_IMPL=triton needs a CUDA device and the triton package")
+    return choice
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -117,10 +135,11 @@ class ModelRunner:
             torch.set_default_dtype(previous)
         load_weights(model, model_dir)
         model.eval()
-        if self.cuda:
-            for module in model.modules():
-                if hasattr(module, "use_compile"):
-                    module.use_compile = True
+        impl = layer_impl(self.device)
+        for module in model.modules():
+            if hasattr(module, "impl"):
+                module.impl = impl
+        self.layer_impl = impl
         return model
 
     def _staging_buffer(self) -> torch.Tensor | None:
@@ -321,7 +340,7 @@ class ModelRunner:
 
     def compile_count(self) -> int:
         """Kernel variants compiled so far (attention backend + torch.compile graphs)."""
-        count = self.backend.compile_count()
+        count = self.backend.compile_count() + triton_ops.compiled_variants()
         if self.cuda:
             from torch._dynamo.utils import counters
 

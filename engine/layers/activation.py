@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers import triton_ops
 from engine.layers.layernorm import compiled
 
 
@@ -17,7 +18,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 class SiluAndMul(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.use_compile = False
+        self.impl = "torch"  # or "compile" / "triton": see layernorm.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (compiled(silu_and_mul) if self.use_compile else silu_and_mul)(x)
+        if self.impl == "triton":
+            return triton_ops.silu_and_mul(x)
+        return (compiled(silu_and_mul) if self.impl == "compile" else silu_and_mul)(x)

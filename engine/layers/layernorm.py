@@ -1,5 +1,6 @@
 """RMSNorm, optionally fused with the residual add that precedes it (HF's arithmetic: float32
-statistics, the weight applied in the input dtype). Compiled with torch.compile when enabled."""
+statistics, the weight applied in the input dtype). `impl` picks the kernels: "torch" (eager, CPU),
+"compile" (torch.compile) or "triton" (engine/layers/triton_ops.py); the model runner sets it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import functools
 
 import torch
 from torch import nn
+
+from engine.layers import triton_ops
+
+LAYER_IMPLS = ("torch", "compile", "triton")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -36,13 +41,16 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
-        self.use_compile = False
+        self.impl = "torch"
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.impl == "triton":
+            if residual is None:
+                return triton_ops.rms_norm(x, self.weight, self.eps)
+            return triton_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        compile_ = self.impl == "compile"
         if residual is None:
-            fn = compiled(rms_norm) if self.use_compile else rms_norm
-            return fn(x, self.weight, self.eps)
-        fn = compiled(add_rms_norm) if self.use_compile else add_rms_norm
-        return fn(x, residual, self.weight, self.eps)
+            return (compiled(rms_norm) if compile_ else rms_norm)(x, self.weight, self.eps)
+        return (compiled(add_rms_norm) if compile_ else add_rms_norm)(x, residual, self.weight, self.eps)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.layers import triton_ops
 from engine.layers.layernorm import compiled
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -71,10 +72,12 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq.float())
         cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(torch.float32)
         self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
-        self.use_compile = False
+        self.impl = "torch"  # or "compile" / "triton": see layernorm.py
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        fn = compiled(apply_rotary) if self.use_compile else apply_rotary
+        if self.impl == "triton":
+            return triton_ops.qk_norm_rotary(positions, q, k, self.cos_sin_cache, None, None, 0.0)
+        fn = compiled(apply_rotary) if self.impl == "compile" else apply_rotary
         return fn(positions, q, k, self.cos_sin_cache)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelSpec
+from engine.layers import triton_ops
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import Attention
 from engine.layers.distributed import resolve_tp
@@ -47,9 +48,15 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        if self.qk_norm and self.rotary_emb.impl == "triton":  # q/k norm and rotary in one launch
+            qn, kn = self.q_norm, self.k_norm
+            q, k = triton_ops.qk_norm_rotary(
+                positions, q, k, self.rotary_emb.cos_sin_cache, qn.weight, kn.weight, qn.eps
+            )
+        else:
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
 
