@@ -171,3 +171,43 @@ def test_select_backend_errors():
         select_backend("xformers", cpu, 16)
     assert not FlashAttnBackend.supports_block_size(16) and FlashAttnBackend.supports_block_size(512)
     assert FlashAttnCuteBackend.supports_block_size(16)
+
+
+def fake_triton_decode(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out=None):
+    """engine.attention.triton_decode.paged_decode_attention: one query per sequence over its
+    `context_lens` paged keys; writes into `out` when given."""
+    assert q.shape[0] == block_tables.shape[0] == context_lens.shape[0] and num_splits >= 1
+    res = out if out is not None else torch.full_like(q, math.nan)
+    for b in range(q.shape[0]):
+        n = int(context_lens[b])
+        keys, values = _pages(k_cache, block_tables[b], n), _pages(v_cache, block_tables[b], n)
+        res[b] = _attend(q[b : b + 1], keys, values, scale)[0]
+    return res
+
+
+LEADING = [(37, 36), (600, 599), (2, 1), (5, 0), (300, 280), (40, 16)]  # 3 one-token rows, then chunks
+
+
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("shapes", [LEADING, MIXED], ids=["leading_decodes", "decode_in_middle"])
+def test_fa4_mixed_step_splits_leading_decodes(block_size, shapes):
+    """A mixed step's leading one-token rows go to the decode kernel, the rest to FA4 as a batch of
+    its own (cu_seqlens_q from 0); the output equals the torch backend's either way."""
+    calls = {"varlen": [], "decode": []}
+
+    def varlen(q, *a, **kw):
+        calls["varlen"].append((q.shape[0], kw["cu_seqlens_q"].tolist(), kw["max_seqlen_k"]))
+        return fake_fa4_varlen(q, *a, **kw)
+
+    def decode(q, *a, **kw):
+        calls["decode"].append(q.shape[0])
+        return fake_triton_decode(q, *a, **kw)
+
+    backend = FlashAttnCuteBackend(varlen_fn=varlen, decode_kernel="triton", decode_fn=decode)
+    md = _compare(backend, shapes, block_size, num_blocks=80)
+    if shapes is LEADING:
+        assert md.num_leading_decodes == 3 and md.tail_max_seqlen_k == 300
+        assert calls == {"decode": [3], "varlen": [(5 + 20 + 24, [0, 5, 25, 49], 300)]}
+    else:  # the first row is a decode, the second a prefill: split after one row
+        assert md.num_leading_decodes == 1
+        assert calls == {"decode": [1], "varlen": [(5 + 20 + 1 + 24, [0, 5, 25, 26, 50], 600)]}
