@@ -54,21 +54,13 @@ def design(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, k
                         Workload("prefill_cached", k, n, 1, shared_prefix_len=min(4096, max_model_len // 2))
                     )
     if policy == "chunked":
-        out += _mixed_workloads(max_num_seqs, max_num_batched_tokens, max_model_len, kv_tokens)
-    return out
-
-
-def _mixed_workloads(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, kv_tokens: int):
-    """Decodes running while prefill chunks join: short and long contexts, and contexts that fill the
-    cache (serving near saturation runs its mixed steps over a full cache)."""
-    out = []
-    for b in (4, 32, 128):
-        for n in (64, 512, 4096):
-            budget = 0.8 * kv_tokens - 6 * n  # the 6 joining prompts stay cached
-            fill = int(budget // b - 64) // 256 * 256
-            for c in sorted({256, 2048, min(fill, max_model_len - 128)}):
-                if c >= 128 and b <= max_num_seqs and n <= max_num_batched_tokens and b * (c + 64) <= budget:
-                    out.append(Workload("mixed", b, c, 32, chunk_len=n))
+        out += [
+            Workload("mixed", b, c, 32, chunk_len=n)
+            for b in (4, 32, 128)
+            for c in (256, 2048)
+            for n in (64, 512, 4096)
+            if b <= max_num_seqs and n <= max_num_batched_tokens and b * (c + 64) + 6 * n <= 0.8 * kv_tokens
+        ]
     return out
 
 

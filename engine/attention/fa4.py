@@ -4,15 +4,13 @@ chunked prefill over cached prefixes, mixed and decode steps (`page_table` + `se
 Any page size works. FA4 compiles a kernel at the first call of each new variant; `compile_count`
 exposes its compile cache so that warm-up and the step recorder can see compilations.
 
-Decode steps, and the leading decodes of mixed steps, go to the Triton split-KV kernel
-(`triton_decode.py`) by default where Triton can run (FA4 has no split-KV on Hopper: one sequence
-reads its KV from a handful of SMs); `decode_kernel`
+Decode steps go to the Triton split-KV kernel (`triton_decode.py`) by default where Triton can run
+(FA4 has no split-KV on Hopper: one sequence reads its KV from a handful of SMs); `decode_kernel`
 ("triton" or "fa4"; default from $KVPLAN_DECODE_KERNEL, else "triton" when available) says which runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 
@@ -77,11 +75,8 @@ class FlashAttnCuteBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         md = metadata
-        if self.decode_kernel == "triton":
-            if md.is_decode:
-                return self._triton_decode(q, k_cache, v_cache, md, scale)
-            if md.num_leading_decodes:
-                return self._split_mixed(q, k_cache, v_cache, md, scale)
+        if md.is_decode and self.decode_kernel == "triton":
+            return self._triton_decode(q, k_cache, v_cache, md, scale)
         out = self.varlen_fn(
             q,
             k_cache,
@@ -96,43 +91,6 @@ class FlashAttnCuteBackend(AttentionBackend):
         )
         return out[0] if isinstance(out, tuple) else out
 
-    def _split_mixed(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        md: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:
-        """A mixed step: its leading one-token rows through the split-KV decode kernel (FA4 gives
-        each of them one CTA per head group and no split: slow over long contexts), the prefill
-        chunks after them through FA4."""
-        k = md.num_leading_decodes
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        decodes = dataclasses.replace(
-            md,
-            num_seqs=k,
-            num_tokens=k,
-            max_seqlen_q=1,
-            block_tables=md.block_tables[:k],
-            context_lens=md.context_lens[:k],
-        )
-        self._triton_decode(q[:k], k_cache, v_cache, decodes, scale, out=out[:k])
-        tail = self.varlen_fn(
-            q[k:],
-            k_cache,
-            v_cache,
-            cu_seqlens_q=md.tail_cu_seqlens_q,
-            max_seqlen_q=md.max_seqlen_q,
-            max_seqlen_k=md.tail_max_seqlen_k,
-            seqused_k=md.context_lens[k:],
-            page_table=md.block_tables[k:],
-            softmax_scale=scale,
-            causal=True,
-        )
-        out[k:] = tail[0] if isinstance(tail, tuple) else tail
-        return out
-
     def _triton_decode(
         self,
         q: torch.Tensor,
@@ -140,7 +98,6 @@ class FlashAttnCuteBackend(AttentionBackend):
         v_cache: torch.Tensor,
         md: AttentionMetadata,
         scale: float,
-        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Split-KV decode. The split count depends on the batch size and `max_seqlen_k` only; under a
         decode graph capture the runner sets `max_seqlen_k` to max_model_len, so a replay keeps it
@@ -152,11 +109,7 @@ class FlashAttnCuteBackend(AttentionBackend):
         num_splits = self._triton.choose_num_splits(
             q.shape[0], k_cache.shape[2], md.max_seqlen_k, k_cache.shape[1], self._num_sms
         )
-        if out is None:
-            return self.decode_fn(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits)
-        return self.decode_fn(
-            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits, out=out
-        )
+        return self.decode_fn(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits)
 
     def compile_count(self) -> int:
         cache = getattr(self._cache_owner, "compile_cache", None)

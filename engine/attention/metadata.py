@@ -35,11 +35,6 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int32 (FA4's page_table)
     query_lens_cpu: tuple[int, ...] = ()
     context_lens_cpu: tuple[int, ...] = ()
-    # mixed steps: the first `num_leading_decodes` sequences have one query token each; the rest
-    # (prefill chunks) as a varlen batch of their own: its cu_seqlens_q (from 0) and longest context
-    num_leading_decodes: int = 0
-    tail_cu_seqlens_q: torch.Tensor | None = None
-    tail_max_seqlen_k: int = 0
 
     @property
     def seqused_k(self) -> torch.Tensor:
@@ -123,7 +118,6 @@ def build_step_inputs(
     for i, s in enumerate(seqs):
         tables[i, : len(s.block_table)] = s.block_table
     slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    lead = _num_leading_single_tokens(q) if num_tokens > b else 0
     sampled = tuple(i for i, d in enumerate(batch.do_sample) if d)
     idx = np.asarray(sampled, np.int64)
     logits_indices = cu_q[1:][idx] - 1 if sampled else np.zeros(0, np.int32)
@@ -143,7 +137,6 @@ def build_step_inputs(
         top_ks,
         top_ps.view(np.int32),
         tables.reshape(-1),
-        cu_q[lead:] - lead,
     ]
     dev = _to_device(np.concatenate(parts), device, staging)
     views = torch.split(dev, [len(p) for p in parts])
@@ -160,9 +153,6 @@ def build_step_inputs(
         block_tables=views[10].view(b, width),
         query_lens_cpu=tuple(q.tolist()),
         context_lens_cpu=tuple(ctx.tolist()),
-        num_leading_decodes=lead,
-        tail_cu_seqlens_q=views[11] if lead else None,
-        tail_max_seqlen_k=int(ctx[lead:].max()) if lead else 0,
     )
     return StepInputs(
         input_ids=views[0],
@@ -176,12 +166,6 @@ def build_step_inputs(
         all_greedy=bool((temps == 0).all()),
         needs_top_k_top_p=bool(((top_ks > 0) | (top_ps < 1.0)).any()),
     )
-
-
-def _num_leading_single_tokens(q: np.ndarray) -> int:
-    """How many sequences at the front of a step compute one token each."""
-    not_one = np.flatnonzero(q != 1)
-    return int(not_one[0]) if len(not_one) else len(q)
 
 
 def _to_device(packed: np.ndarray, device: torch.device, staging: torch.Tensor | None) -> torch.Tensor:
