@@ -152,7 +152,10 @@ def _launch_merge(workspace: Workspace, num_splits: int, out: torch.Tensor) -> N
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+# Eager decode steps (enforce_eager) pass views into the step's packed metadata: their addresses and
+# the block table's row stride change from step to step, so they are not specialised on (a new
+# alignment or stride would compile a new variant mid-run; decode graphs use fixed buffers).
+@triton.jit(do_not_specialize=["num_splits", "tables_ptr", "context_lens_ptr", "stride_tb"])
 def _split_kv_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, context_lens_ptr, out_ptr, partial_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e)
