@@ -1,8 +1,9 @@
 """The shipped H200 replays, re-simulated with the shipped profiles, stay where docs/PERF.md says.
 
-Two engine builds were calibrated: decode through FlashAttention-4 (session 1, `_fa4decode`: 13 of
-14 targets met) and decode through the Triton split-KV kernel (the current default, fewer met: the
-misses are pinned here so that a regression shows, and explained in docs/PERF.md)."""
+Two engine builds are shipped with replays: decode through FlashAttention-4 (session 1,
+`_fa4decode`: 13 of 14 targets met) and the current engine (Triton split-KV decode, Triton layer
+kernels; fewer met: the misses are pinned here so that a regression shows, and explained in
+docs/PERF.md)."""
 
 from pathlib import Path
 
@@ -29,17 +30,20 @@ def test_fa4_decode_replays_within_targets(load, allowed_misses):
     assert v.steps is not None and v.steps["residual"].abs().median() < 0.1
 
 
-def test_triton_decode_heavy_replay():
+def test_current_engine_heavy_replay():
+    """Near saturation the simulator runs 12 % fast: the replay's mixed steps cost ~20 % more than
+    the profile predicts (docs/PERF.md, session 3). Pinned so that a change shows either way."""
     v, table = errors("h200_qwen3-0.6b_bs16_heavy", "qwen3-0.6b_h200_tp1_bs16.json")
-    misses = {m for m in TARGETS if not table.loc[m, "ok"]}
-    assert misses <= {"throughput_rps", "output_tok_s", "tpot_mean_s", "e2e_p99_s"}, table
-    assert (table.loc[list(TARGETS), "rel_error"].abs() < 0.08).all(), table
-    assert v.steps is not None and v.steps["residual"].abs().median() < 0.15  # 13 % measured
+    assert 0.08 < table.loc["throughput_rps", "rel_error"] < 0.16, table
+    assert -0.18 < table.loc["tpot_mean_s", "rel_error"] < -0.08, table
+    assert (table.loc[list(TARGETS), "rel_error"].abs() < 0.45).all(), table
+    assert v.steps is not None and v.steps["residual"].abs().median() < 0.1  # 6.0 % measured
 
 
-def test_triton_decode_light_replay():
+def test_current_engine_light_replay():
     v, table = errors("h200_qwen3-0.6b_bs16_light", "qwen3-0.6b_h200_tp1_bs16.json")
-    assert table.loc["throughput_rps", "ok"] and table.loc["output_tok_s", "ok"], table
-    for metric in ("tpot_mean_s", "e2e_p50_s", "e2e_p99_s", "ttft_p50_s"):
-        assert abs(table.loc[metric, "rel_error"]) < 0.17, (metric, table)
-    assert v.steps is not None and v.steps["residual"].abs().median() < 0.1
+    misses = {m for m in TARGETS if not table.loc[m, "ok"]}
+    assert misses <= {"tpot_mean_s", "ttft_p99_s"}, table
+    assert abs(table.loc["tpot_mean_s", "rel_error"]) < 0.08, table
+    assert abs(table.loc["ttft_p99_s", "rel_error"]) < 0.45, table
+    assert v.steps is not None and v.steps["residual"].abs().median() < 0.1  # 7.6 % measured
