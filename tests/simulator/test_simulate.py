@@ -130,3 +130,18 @@ def test_reset_prefix_cache_forgets_every_prefix():
     bm.reset_prefix_cache()
     assert bm.lookup_prefix(Sequence(2, list(range(10)), SamplingParams())) == []
     assert list(bm.free_block_ids) == list(range(8))
+
+
+def test_relaxed_gc_restores_the_collector():
+    import gc
+
+    from simulator.run import relaxed_gc
+
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    with relaxed_gc((12_345, 7, 9)):
+        assert gc.get_threshold() == (12_345, 7, 9)
+        assert gc.get_freeze_count() > frozen
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+    with pytest.raises(RuntimeError), relaxed_gc((999, 1, 1)):
+        raise RuntimeError("a failed simulation")
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
