@@ -45,15 +45,26 @@ def profile_steps(llm: LLM, steps: int) -> tuple[float, float, list[tuple[str, f
             llm.step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / steps * 1e3
+    rows = kernel_table(prof, steps)
+    return wall, sum(r[1] for r in rows) / 1e3, rows
+
+
+def kernel_table(prof, steps: int) -> list[tuple[str, float, float]]:
+    """[(kernel, µs per step, launches per step)] of a torch.profiler run over `steps` steps,
+    longest first."""
     kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             k = kernels[evt.name[:70]]
             k[0] += evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
             k[1] += 1
-    rows = sorted(((n, t / steps, c / steps) for n, (t, c) in kernels.items()), key=lambda r: -r[1])
-    gpu_ms = sum(r[1] for r in rows) / 1e3
-    return wall, gpu_ms, rows
+    return sorted(((n, t / steps, c / steps) for n, (t, c) in kernels.items()), key=lambda r: -r[1])
+
+
+def print_kernels(rows: list[tuple[str, float, float]], top: int) -> None:
+    print(f"{'kernel':<72} {'µs/step':>8} {'n/step':>7}")
+    for name, us, n in rows[:top]:
+        print(f"{name:<72} {us:>8.1f} {n:>7.1f}")
 
 
 def main() -> None:
@@ -74,9 +85,7 @@ def main() -> None:
             llm.step()
         print(f"\n== batch {num_seqs}, prompts of {prompt_len}: {wall:.3f} ms/step wall, "
               f"{gpu:.3f} ms kernels, {sum(r[2] for r in rows):.0f} launches/step")  # fmt: skip
-        print(f"{'kernel':<72} {'µs/step':>8} {'n/step':>7}")
-        for name, us, n in rows[: args.top]:
-            print(f"{name:<72} {us:>8.1f} {n:>7.1f}")
+        print_kernels(rows, args.top)
         summary.append((num_seqs, wall, gpu))
     llm.close()
     print(f"\n{'batch':>5} {'wall ms/step':>12} {'kernel ms/step':>14} {'host-only ms':>12}")

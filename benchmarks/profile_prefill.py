@@ -17,10 +17,10 @@ import pstats
 import random
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
+from profile_decode import kernel_table, print_kernels  # benchmarks/ is the script's folder
 from torch.profiler import ProfilerActivity, profile
 
 from engine.checkpoint import make_random_checkpoint
@@ -52,16 +52,6 @@ def run_steps(llm: LLM, rng: random.Random, shape: str, steps: int) -> float:
         llm.step()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / steps * 1e3
-
-
-def kernel_table(prof, steps: int) -> list[tuple[str, float, float]]:
-    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels[evt.name[:70]]
-            k[0] += evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
-            k[1] += 1
-    return sorted(((n, t / steps, c / steps) for n, (t, c) in kernels.items()), key=lambda r: -r[1])
 
 
 def host_table(stats: pstats.Stats, steps: int, top: int) -> str:
@@ -101,8 +91,7 @@ def main() -> None:
         cp.disable()
         print(f"\n== {shape}: {wall:.2f} ms/step wall, {gpu:.2f} ms kernels, "
               f"{sum(r[2] for r in rows):.0f} launches/step")  # fmt: skip
-        for name, us, n in rows[: args.top]:
-            print(f"{name:<72} {us:>9.1f} µs {n:>6.1f}")
+        print_kernels(rows, args.top)
         print(host_table(pstats.Stats(cp), args.steps, 25))
         summary.append((shape, wall, gpu))
     llm.close()
