@@ -49,6 +49,14 @@ def profile_steps(llm: LLM, steps: int) -> tuple[float, float, list[tuple[str, f
     return wall, sum(r[1] for r in rows) / 1e3, rows
 
 
+def random_llm(block_size: int) -> LLM:
+    """An LLM over a random-weight Qwen3-0.6B made on the spot (CUDA graphs as in serving)."""
+    ckpt = make_random_checkpoint(
+        Path(tempfile.mkdtemp()) / "qwen3-0.6b", "qwen3", "qwen3-0.6b", seed=0, device="cuda"
+    )
+    return LLM(ckpt, block_size=block_size, max_num_seqs=256, max_model_len=4096)
+
+
 def kernel_table(prof, steps: int) -> list[tuple[str, float, float]]:
     """[(kernel, µs per step, launches per step)] of a torch.profiler run over `steps` steps,
     longest first."""
@@ -73,10 +81,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=14)
     args = ap.parse_args()
-    ckpt = make_random_checkpoint(
-        Path(tempfile.mkdtemp()) / "qwen3-0.6b", "qwen3", "qwen3-0.6b", seed=0, device="cuda"
-    )
-    llm = LLM(ckpt, block_size=args.block_size, max_num_seqs=256, max_model_len=4096)
+    llm = random_llm(args.block_size)
     summary = []
     for num_seqs, prompt_len in ((1, 512), (128, 1000)):
         decode_until_steady(llm, num_seqs, prompt_len, max_tokens=args.steps + 40)

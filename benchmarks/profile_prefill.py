@@ -15,15 +15,12 @@ import cProfile
 import io
 import pstats
 import random
-import tempfile
 import time
-from pathlib import Path
 
 import torch
-from profile_decode import kernel_table, print_kernels  # benchmarks/ is the script's folder
+from profile_decode import kernel_table, print_kernels, random_llm  # benchmarks/ is the script's folder
 from torch.profiler import ProfilerActivity, profile
 
-from engine.checkpoint import make_random_checkpoint
 from engine.llm import LLM
 from engine.sequence import SamplingParams
 
@@ -67,10 +64,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
-    ckpt = make_random_checkpoint(
-        Path(tempfile.mkdtemp()) / "qwen3-0.6b", "qwen3", "qwen3-0.6b", seed=0, device="cuda"
-    )
-    llm = LLM(ckpt, block_size=args.block_size, max_num_seqs=256, max_model_len=4096)
+    llm = random_llm(args.block_size)
     rng = random.Random(0)
     decode = SamplingParams(temperature=0, ignore_eos=True, max_tokens=100_000)
     summary = []
