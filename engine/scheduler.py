@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from itertools import chain, compress
-from operator import not_
+from operator import attrgetter, not_
 
 from engine.block_manager import ROOT_HASH, BlockManager
 from engine.config import SchedulerConfig, cdiv
@@ -542,25 +542,34 @@ class Scheduler:
         k_max = self._decode_run_limit(max_steps)
         if k_max <= 0:
             return 0, start, []
-        context = sum(s.num_computed_tokens for s in running)
-        max_len = max(s.num_computed_tokens for s in running) + 1
-        times = decode_times(len(running), context, max_len, k_max, start, deadline)
-        k = self._steps_before_preemption(len(times) - 1)
+        computed = list(map(_get_num_computed_tokens, running))
+        times = decode_times(len(running), sum(computed), max(computed) + 1, k_max, start, deadline)
+        k = len(times) - 1
+        near = _near_block_ends(computed, self.block_manager.block_size, k)
+        k = self._steps_before_preemption(k, near)
         if self.waiting and self.block_manager.enable_prefix_caching:
-            k = self._stop_before_new_hit(k, token_id)
+            k = self._stop_before_new_hit(k, token_id, near)
         if k <= 0:
             return 0, start, []
         end = float(times[k])
-        self._apply_fast_forward(times[: k + 1], end, token_id)
+        self._apply_fast_forward(times[: k + 1], end, token_id, near)
         finished: list[Sequence] = []
         if k == k_max:
-            max_model_len = self.config.max_model_len
-            for seq in running:
-                reason = _stop_reason(seq, token_id, max_model_len)
-                if reason is not None:
-                    self._finish(seq, reason, end, finished)
-            self.running = [s for s in running if s.status is RUNNING]
+            self._finish_run(end, token_id, finished)
         return k, end, finished
+
+    def _finish_run(self, end: float, token_id: int, finished: list[Sequence]) -> None:
+        """Finish the running requests that a fast-forwarded run (`token_id` at every step) ended."""
+        max_model_len = self.config.max_model_len
+        done = [
+            seq
+            for seq in self.running
+            if len(seq.token_ids) >= seq.stop_num_tokens or token_id == seq.stop_token_id
+        ]
+        for seq in done:
+            self._finish(seq, _stop_reason(seq, token_id, max_model_len), end, finished)
+        if done:
+            self.running = [s for s in self.running if s.status is RUNNING]
 
     def _decode_run_limit(self, max_steps: int) -> int:
         """Decode steps that can run until (and with) the first in which a request finishes; 0 unless
@@ -581,9 +590,9 @@ class Scheduler:
                 k_max = left
         return k_max
 
-    def _steps_before_preemption(self, k: int) -> int:
+    def _steps_before_preemption(self, k: int, near: list[int]) -> int:
         """Cap a run of k decode steps before the first step whose new block finds the free list
-        empty (stepping would preempt there).
+        empty (stepping would preempt there). `near`: running indices, `_near_block_ends` of k.
 
         A sequence whose blocks cover its c computed tokens opens its next block at step
         len(block_table) * bs - c + 1, in 1..bs, and one more every bs steps; so stepping allocates
@@ -591,7 +600,8 @@ class Scheduler:
         bm, running = self.block_manager, self.running
         bs, free = bm.block_size, bm.num_free_blocks
         need = 0
-        for seq in running:
+        for idx in near:
+            seq = running[idx]
             more = -(-(seq.num_computed_tokens + k) // bs) - len(seq.block_table)
             if more > 0:
                 need += more
@@ -601,9 +611,10 @@ class Scheduler:
         rounds, i = divmod(free, len(running))
         return firsts[i] + rounds * bs - 1  # the step before allocation number `free` (from 0)
 
-    def _stop_before_new_hit(self, k: int, token_id: int) -> int:
+    def _stop_before_new_hit(self, k: int, token_id: int, near: list[int]) -> int:
         """Cap a run of k steps before the step in which a running request would register the
-        block that extends the waiting head's cached prefix (stepping would re-check admission)."""
+        block that extends the waiting head's cached prefix (stepping would re-check admission).
+        `near`: running indices, `_near_block_ends` of k (the others fill no block)."""
         bm, head = self.block_manager, self.waiting[0]
         bs = bm.block_size
         h = len(bm.lookup_prefix(head))
@@ -611,7 +622,9 @@ class Scheduler:
             return k  # no further full block of the head could hit
         hashes = bm.block_hashes(head, h + 1)
         prev = hashes[h - 1] if h else ROOT_HASH
-        for seq in self.running:
+        running = self.running
+        for idx in near:
+            seq = running[idx]
             if seq.num_cached_blocks != h or (h and seq.block_hashes[h - 1] != prev):
                 continue
             step = (h + 1) * bs - seq.num_computed_tokens  # the step that fills its block h
@@ -622,18 +635,21 @@ class Scheduler:
                     k = step - 1
         return k
 
-    def _apply_fast_forward(self, times: Seq[float], end: float, token_id: int) -> None:
+    def _apply_fast_forward(self, times: Seq[float], end: float, token_id: int, near: list[int]) -> None:
+        """Run len(times) - 1 decode steps ending at `times[1:]`. `near`: running indices that
+        `_near_block_ends` gives for at least that many steps (the others open and fill no block)."""
         k = len(times) - 1
         running, bm = self.running, self.block_manager
         new_tokens = [token_id] * k
         for seq in running:
             seq.token_ids.extend(new_tokens)
-        if bm.enable_prefix_caching and self._new_blocks_collide(k):
-            self._apply_block_events(k)
+        if bm.enable_prefix_caching and self._new_blocks_collide(k, near):
+            self._apply_block_events(k, near)
         else:
-            self._take_run_blocks(k)
+            self._take_run_blocks(k, near)
             if bm.enable_prefix_caching:
-                for seq in running:
+                for idx in near:
+                    seq = running[idx]
                     num_tokens = seq.num_computed_tokens + k
                     if num_tokens // bm.block_size > seq.num_cached_blocks:
                         bm.cache_full_blocks(seq, num_tokens)
@@ -648,26 +664,28 @@ class Scheduler:
             seq.num_computed_tokens += k
             seq.last_token_time = end
 
-    def _new_blocks_collide(self, k: int) -> bool:
+    def _new_blocks_collide(self, k: int, near: list[int]) -> bool:
         """Whether a block that the next k steps fill has a hash already cached or filled twice: only
         then does registering in stepping's order, between allocations, change the outcome."""
-        bm = self.block_manager
+        bm, running = self.block_manager, self.running
         bs = bm.block_size
         new_hashes: list[int] = []
-        for seq in self.running:
+        for idx in near:
+            seq = running[idx]
             num_full = (seq.num_computed_tokens + k) // bs
             if num_full > seq.num_cached_blocks:
                 new_hashes += bm.block_hashes(seq, num_full)[seq.num_cached_blocks : num_full]
         cached = bm.hash_to_block_id.keys()
         return not cached.isdisjoint(new_hashes) or len(set(new_hashes)) < len(new_hashes)
 
-    def _take_run_blocks(self, k: int) -> None:
+    def _take_run_blocks(self, k: int, near: list[int]) -> None:
         """Give each running sequence the blocks that the next k steps open, taken from the free list
         in stepping's order (see `_steps_before_preemption`): one call, then dealt out by slicing."""
         running, bm = self.running, self.block_manager
         bs = bm.block_size
         opens = []  # (the step that opens the sequence's next block, running index)
-        for idx, seq in enumerate(running):
+        for idx in near:
+            seq = running[idx]
             first = len(seq.block_table) * bs - seq.num_computed_tokens + 1
             if first <= k:
                 opens.append((first, idx))
@@ -685,13 +703,14 @@ class Scheduler:
             if counts[i] > m:
                 table.append(block_ids[m * n + i])
 
-    def _apply_block_events(self, k: int) -> None:
+    def _apply_block_events(self, k: int, near: list[int]) -> None:
         """Allocate and register block by block, in the order stepping would (by step, then running
         index, an allocation before a registration)."""
         running, bm = self.running, self.block_manager
         bs = bm.block_size
         events: list[tuple[int, int, int]] = []
-        for idx, seq in enumerate(running):
+        for idx in near:
+            seq = running[idx]
             c = seq.num_computed_tokens
             events += [(j, idx, 0) for j in range(len(seq.block_table) * bs - c + 1, k + 1, bs)]
             events += [(j, idx, 1) for j in range((seq.num_cached_blocks + 1) * bs - c, k + 1, bs)]
@@ -702,6 +721,16 @@ class Scheduler:
                 bm.cache_full_blocks(seq, seq.num_computed_tokens + j)
             else:
                 bm.take_free_blocks(seq.block_table, 1)
+
+
+_get_num_computed_tokens = attrgetter("num_computed_tokens")
+
+
+def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
+    """Indices of the decodes (blocks covering exactly their `computed` tokens) that open or fill a
+    block within k steps: those whose next token starts a block or lies in its last k slots."""
+    last = block_size - k
+    return [i for i, c in enumerate(computed) if c % block_size == 0 or c % block_size >= last]
 
 
 def _stop_reason(seq: Sequence, token: int, max_model_len: int) -> str | None:
