@@ -552,24 +552,15 @@ class Scheduler:
         if k <= 0:
             return 0, start, []
         end = float(times[k])
-        self._apply_fast_forward(times[: k + 1], end, token_id, near)
+        done = self._advance_run(times[: k + 1], end, token_id, check_stop=k == k_max)
+        self._take_and_register_run_blocks(k, computed, near)
         finished: list[Sequence] = []
-        if k == k_max:
-            self._finish_run(end, token_id, finished)
-        return k, end, finished
-
-    def _finish_run(self, end: float, token_id: int, finished: list[Sequence]) -> None:
-        """Finish the running requests that a fast-forwarded run (`token_id` at every step) ended."""
-        max_model_len = self.config.max_model_len
-        done = [
-            seq
-            for seq in self.running
-            if len(seq.token_ids) >= seq.stop_num_tokens or token_id == seq.stop_token_id
-        ]
-        for seq in done:
-            self._finish(seq, _stop_reason(seq, token_id, max_model_len), end, finished)
         if done:
-            self.running = [s for s in self.running if s.status is RUNNING]
+            max_model_len = self.config.max_model_len
+            for seq in done:
+                self._finish(seq, _stop_reason(seq, token_id, max_model_len), end, finished)
+            self.running = [s for s in running if s.status is RUNNING]
+        return k, end, finished
 
     def _decode_run_limit(self, max_steps: int) -> int:
         """Decode steps that can run until (and with) the first in which a request finishes; 0 unless
@@ -635,36 +626,47 @@ class Scheduler:
                     k = step - 1
         return k
 
-    def _apply_fast_forward(self, times: Seq[float], end: float, token_id: int, near: list[int]) -> None:
-        """Run len(times) - 1 decode steps ending at `times[1:]`. `near`: running indices that
-        `_near_block_ends` gives for at least that many steps (the others open and fill no block)."""
+    def _advance_run(self, times: Seq[float], end: float, token_id: int, check_stop: bool) -> list[Sequence]:
+        """Give every running request the tokens of len(times) - 1 decode steps ending at
+        `times[1:]` and record their inter-token gaps (blocks: `_take_and_register_run_blocks`).
+        With `check_stop`, return the requests that the run finished, in running order."""
         k = len(times) - 1
-        running, bm = self.running, self.block_manager
+        running = self.running
         new_tokens = [token_id] * k
+        gaps: dict[float, int] = {}  # previous token time -> tokens that had it
+        done: list[Sequence] = []
         for seq in running:
-            seq.token_ids.extend(new_tokens)
-        if bm.enable_prefix_caching and self._new_blocks_collide(k, near):
-            self._apply_block_events(k, near)
-        else:
-            self._take_run_blocks(k, near)
-            if bm.enable_prefix_caching:
-                for idx in near:
-                    seq = running[idx]
-                    num_tokens = seq.num_computed_tokens + k
-                    if num_tokens // bm.block_size > seq.num_cached_blocks:
-                        bm.cache_full_blocks(seq, num_tokens)
+            tokens = seq.token_ids
+            tokens.extend(new_tokens)
+            seq.num_computed_tokens += k
+            last = seq.last_token_time
+            gaps[last] = gaps.get(last, 0) + 1
+            seq.last_token_time = end
+            if check_stop and len(tokens) >= seq.stop_num_tokens:  # EOS is ignored (run limit)
+                done.append(seq)
         if self.record_itl:
-            gaps: dict[float, int] = {}
-            for seq in running:
-                gaps[seq.last_token_time] = gaps.get(seq.last_token_time, 0) + 1
             self._record_gaps(float(times[1]), gaps)
             if k > 1:
                 self.itl_runs.append((array("d", times[1:]), len(running)))  # 8 bytes a step
-        for seq in running:
-            seq.num_computed_tokens += k
-            seq.last_token_time = end
+        return done
 
-    def _new_blocks_collide(self, k: int, near: list[int]) -> bool:
+    def _take_and_register_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
+        """Allocate and register the blocks of k decode steps after `_advance_run`. `computed`: the
+        running requests' computed tokens before the run; `near`: the indices among them that
+        `_near_block_ends` gives for at least k steps (the others open and fill no block)."""
+        bm, running = self.block_manager, self.running
+        if bm.enable_prefix_caching and self._new_blocks_collide(k, computed, near):
+            self._apply_block_events(k, computed, near)
+            return
+        self._take_run_blocks(k, computed, near)
+        if bm.enable_prefix_caching:
+            for idx in near:
+                seq = running[idx]
+                num_tokens = computed[idx] + k
+                if num_tokens // bm.block_size > seq.num_cached_blocks:
+                    bm.cache_full_blocks(seq, num_tokens)
+
+    def _new_blocks_collide(self, k: int, computed: list[int], near: list[int]) -> bool:
         """Whether a block that the next k steps fill has a hash already cached or filled twice: only
         then does registering in stepping's order, between allocations, change the outcome."""
         bm, running = self.block_manager, self.running
@@ -672,13 +674,13 @@ class Scheduler:
         new_hashes: list[int] = []
         for idx in near:
             seq = running[idx]
-            num_full = (seq.num_computed_tokens + k) // bs
+            num_full = (computed[idx] + k) // bs
             if num_full > seq.num_cached_blocks:
                 new_hashes += bm.block_hashes(seq, num_full)[seq.num_cached_blocks : num_full]
         cached = bm.hash_to_block_id.keys()
         return not cached.isdisjoint(new_hashes) or len(set(new_hashes)) < len(new_hashes)
 
-    def _take_run_blocks(self, k: int, near: list[int]) -> None:
+    def _take_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
         """Give each running sequence the blocks that the next k steps open, taken from the free list
         in stepping's order (see `_steps_before_preemption`): one call, then dealt out by slicing."""
         running, bm = self.running, self.block_manager
@@ -686,7 +688,7 @@ class Scheduler:
         opens = []  # (the step that opens the sequence's next block, running index)
         for idx in near:
             seq = running[idx]
-            first = len(seq.block_table) * bs - seq.num_computed_tokens + 1
+            first = len(seq.block_table) * bs - computed[idx] + 1
             if first <= k:
                 opens.append((first, idx))
         if not opens:
@@ -703,7 +705,7 @@ class Scheduler:
             if counts[i] > m:
                 table.append(block_ids[m * n + i])
 
-    def _apply_block_events(self, k: int, near: list[int]) -> None:
+    def _apply_block_events(self, k: int, computed: list[int], near: list[int]) -> None:
         """Allocate and register block by block, in the order stepping would (by step, then running
         index, an allocation before a registration)."""
         running, bm = self.running, self.block_manager
@@ -711,14 +713,14 @@ class Scheduler:
         events: list[tuple[int, int, int]] = []
         for idx in near:
             seq = running[idx]
-            c = seq.num_computed_tokens
+            c = computed[idx]
             events += [(j, idx, 0) for j in range(len(seq.block_table) * bs - c + 1, k + 1, bs)]
             events += [(j, idx, 1) for j in range((seq.num_cached_blocks + 1) * bs - c, k + 1, bs)]
         events.sort()
         for j, idx, register in events:
             seq = running[idx]
             if register:
-                bm.cache_full_blocks(seq, seq.num_computed_tokens + j)
+                bm.cache_full_blocks(seq, computed[idx] + j)
             else:
                 bm.take_free_blocks(seq.block_table, 1)
 
