@@ -731,6 +731,8 @@ _get_num_computed_tokens = attrgetter("num_computed_tokens")
 def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
     """Indices of the decodes (blocks covering exactly their `computed` tokens) that open or fill a
     block within k steps: those whose next token starts a block or lies in its last k slots."""
+    if k <= 0:
+        return []
     last = block_size - k
     return [i for i, c in enumerate(computed) if c % block_size == 0 or c % block_size >= last]
 
