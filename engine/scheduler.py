@@ -10,9 +10,11 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from itertools import chain, compress
+from operator import attrgetter, not_
 
 from engine.block_manager import ROOT_HASH, BlockManager
 from engine.config import SchedulerConfig, cdiv
@@ -90,25 +92,33 @@ def make_batch(
     preempted: list[int],
     num_kv_blocks_used: int,
     all_decodes: bool = False,
+    num_leading_decodes: int = 0,
 ) -> ScheduledBatch:
-    """Build a ScheduledBatch and its totals from the per-sequence grants of one step
-    (`all_decodes`: the caller knows every grant is one token that completes its sequence)."""
-    if all_decodes and seqs:
+    """Build a ScheduledBatch and its totals from the per-sequence grants of one step.
+
+    The caller may say what it knows: `all_decodes`, every grant is one token that completes its
+    sequence; `num_leading_decodes`, the first that many grants are (only the rest are inspected).
+    """
+    k = len(seqs) if all_decodes else num_leading_decodes
+    if k == len(seqs) and seqs:
         return _decode_batch(seqs, computed, preempted, num_kv_blocks_used)
     total = sum(num_new)
-    do_sample = [c + n == len(s.token_ids) for s, c, n in zip(seqs, computed, num_new)]
-    if total == len(seqs) and all(do_sample):  # plain decodes: one token, sampled
-        is_prefill: list[bool] | tuple[bool, ...] = (False,) * total
+    tail_seqs, tail_new, tail_computed = seqs[k:], num_new[k:], computed[k:]
+    tail_sample = [c + n == len(s.token_ids) for s, c, n in zip(tail_seqs, tail_computed, tail_new)]
+    if total - k == len(tail_seqs) and all(tail_sample):  # plain decodes: one token, sampled
+        tail_prefill: list[bool] = [False] * len(tail_seqs)
         num_prefill_seqs = 0
     else:
-        is_prefill = [n > 1 or not d for n, d in zip(num_new, do_sample)]
-        num_prefill_seqs = sum(is_prefill)
+        tail_prefill = [n > 1 or not d for n, d in zip(tail_new, tail_sample)]
+        num_prefill_seqs = sum(tail_prefill)
     if num_prefill_seqs:
-        pre = [(n, c) for n, c, p in zip(num_new, computed, is_prefill) if p]
+        pre = [(n, c) for n, c, p in zip(tail_new, tail_computed, tail_prefill) if p]
         num_prefill_tokens = sum(n for n, _ in pre)
         work = float(sum(n * (c + (n + 1) / 2) for n, c in pre))
         kind = "prefill" if num_prefill_seqs == len(seqs) else "mixed"
-        max_seq_len = max(c + n for c, n in zip(computed, num_new))
+        max_seq_len = max(c + n for c, n in zip(tail_computed, tail_new))
+        if k:  # the leading decodes: one token each
+            max_seq_len = max(max_seq_len, max(computed[:k]) + 1)
     else:
         num_prefill_tokens, work = 0, 0.0
         kind = "decode" if seqs else "empty"
@@ -117,8 +127,8 @@ def make_batch(
         seqs=tuple(seqs),
         num_scheduled_tokens=tuple(num_new),
         num_computed_tokens=tuple(computed),
-        is_prefill=tuple(is_prefill),
-        do_sample=tuple(do_sample),
+        is_prefill=(False,) * k + tuple(tail_prefill),
+        do_sample=(True,) * k + tuple(tail_sample),
         num_cached_tokens=tuple(cached),
         preempted_seq_ids=tuple(preempted),
         num_kv_blocks_used=num_kv_blocks_used,
@@ -161,7 +171,15 @@ def _decode_batch(
 class _StepBuilder:
     """Accumulates one step's grants while a policy schedules."""
 
-    __slots__ = ("seqs", "num_new", "computed", "cached", "preempted", "budget", "num_decodes")
+    __slots__ = (
+        "seqs",
+        "num_new",
+        "computed",
+        "cached",
+        "preempted",
+        "budget",
+        "num_leading_decodes",
+    )
 
     def __init__(self, budget: int) -> None:
         self.seqs: list[Sequence] = []
@@ -170,7 +188,8 @@ class _StepBuilder:
         self.cached: list[int] = []  # prefix hits; shorter than seqs means zeros for the rest
         self.preempted: list[int] = []
         self.budget = budget
-        self.num_decodes = 0  # grants of one token that completes the sequence
+        # the first grants that are plain decodes (one token that completes the sequence)
+        self.num_leading_decodes = 0
 
     def add(self, seq: Sequence, num_new: int, num_cached: int = 0) -> None:
         self.seqs.append(seq)
@@ -272,7 +291,7 @@ class Scheduler:
             step.cached_tokens(),
             step.preempted,
             self.block_manager.num_used_blocks,
-            all_decodes=step.num_decodes == len(step.seqs),
+            num_leading_decodes=step.num_leading_decodes,
         )
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
@@ -344,48 +363,90 @@ class Scheduler:
     # ---- helpers shared by the policies ---------------------------------------------------------
     def _schedule_running(self, step: _StepBuilder) -> None:
         """Grant each running sequence its pending tokens (1 for a decode) in order, preempting the
-        newest running sequences (recompute) when blocks run out."""
-        bm, running = self.block_manager, self.running
-        bs, caching = bm.block_size, bm.enable_prefix_caching
-        add_seq, add_new, add_computed = step.seqs.append, step.num_new.append, step.computed.append
-        budget, decodes = step.budget, 0
+        newest running sequences (recompute) when blocks run out.
+
+        Every granted sequence is the next of `running`, and the grants stop at the first that is
+        refused, so an empty step's grants are a prefix of `running`: usually a run of plain decodes
+        (granted in bulk) then a few others, such as a prefill chunk.
+        """
+        running = iter(self.running)
+        if not step.seqs:
+            first_other = self._schedule_leading_decodes(step, running)
+            if first_other is None:
+                return
+            running = chain((first_other,), running)
+        self._schedule_others(step, running)
+
+    def _schedule_leading_decodes(self, step: _StepBuilder, running: Iterator[Sequence]) -> Sequence | None:
+        """Grant the plain decodes at the head of `running` to an empty step, in bulk. Returns the
+        first sequence that is not a plain decode when the grants may go on with it, else None."""
+        bs = self.block_manager.block_size
+        computed = step.computed
+        add_computed = computed.append
+        budget, first_other = step.budget, None
         # The per-step hot loop, kept flat. Preemption pops from the end of `running`, which ends
         # the iteration there, as it must.
         for seq in running:
             if budget <= 0:
                 break
             c = seq.num_computed_tokens
+            if len(seq.token_ids) - c != 1:
+                first_other = seq
+                break
+            # mid-block: nothing to allocate, nothing fills
+            if not (c % bs and (c + 1) % bs) and not self._grant_blocks(seq, c + 1, step):
+                break
+            add_computed(c)
+            budget -= 1
+        k = len(computed)
+        step.seqs = self.running[:k]  # preemption only removes sequences after the granted ones
+        step.num_new = [1] * k
+        step.num_leading_decodes = k
+        step.budget = budget
+        return first_other
+
+    def _schedule_others(self, step: _StepBuilder, running: Iterable[Sequence]) -> None:
+        """Grant each sequence of `running` its pending tokens, in order, while budget and blocks last."""
+        bs = self.block_manager.block_size
+        add_seq, add_new, add_computed = step.seqs.append, step.num_new.append, step.computed.append
+        budget = step.budget
+        for seq in running:
+            if budget <= 0:
+                break
+            c = seq.num_computed_tokens
             n = len(seq.token_ids) - c
-            if n == 1:  # a plain decode: one token that completes the sequence
-                decodes += 1
-                if c % bs and (c + 1) % bs:  # mid-block: nothing to allocate, nothing fills
-                    add_seq(seq)
-                    add_new(1)
-                    add_computed(c)
-                    budget -= 1
-                    continue
-            elif n > budget:
-                n = budget
-            target = c + n
-            if target > len(seq.block_table) * bs:
-                if (
-                    target <= (len(seq.block_table) + 1) * bs
-                    and bm.num_free_blocks
-                    and not (caching and target // bs > seq.num_cached_blocks)
-                ):
-                    bm.take_free_blocks(seq.block_table, 1)  # a decode opening one block
-                elif not self._allocate_or_preempt(seq, target, step):
-                    if n == 1:
-                        decodes -= 1
+            if n == 1:  # a plain decode, as above
+                if not (c % bs and (c + 1) % bs) and not self._grant_blocks(seq, c + 1, step):
                     break
-            elif caching and target // bs > seq.num_cached_blocks:
-                bm.cache_full_blocks(seq, target)  # the step fills a block it already has
+            else:
+                if n > budget:
+                    n = budget
+                if not self._grant_blocks(seq, c + n, step):
+                    break
             add_seq(seq)
             add_new(n)
             add_computed(c)
             budget -= n
         step.budget = budget
-        step.num_decodes += decodes
+
+    def _grant_blocks(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
+        """Give `seq` the blocks that `num_tokens` computed tokens need and register those they fill,
+        preempting when blocks run out; False when `seq` cannot run this step."""
+        bm = self.block_manager
+        bs, caching = bm.block_size, bm.enable_prefix_caching
+        num_slots = len(seq.block_table) * bs
+        if num_tokens > num_slots:
+            if (
+                num_tokens <= num_slots + bs
+                and bm.num_free_blocks
+                and not (caching and num_tokens // bs > seq.num_cached_blocks)
+            ):
+                bm.take_free_blocks(seq.block_table, 1)  # a decode opening one block
+                return True
+            return self._allocate_or_preempt(seq, num_tokens, step)
+        if caching and num_tokens // bs > seq.num_cached_blocks:
+            bm.cache_full_blocks(seq, num_tokens)  # the step fills a block it already has
+        return True
 
     def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
         bm, running = self.block_manager, self.running
@@ -481,23 +542,23 @@ class Scheduler:
         k_max = self._decode_run_limit(max_steps)
         if k_max <= 0:
             return 0, start, []
-        context = sum(s.num_computed_tokens for s in running)
-        max_len = max(s.num_computed_tokens for s in running) + 1
-        times = decode_times(len(running), context, max_len, k_max, start, deadline)
-        k = self._steps_before_preemption(len(times) - 1)
+        computed = list(map(_get_num_computed_tokens, running))
+        times = decode_times(len(running), sum(computed), max(computed) + 1, k_max, start, deadline)
+        k = len(times) - 1
+        near = _near_block_ends(computed, self.block_manager.block_size, k)
+        k = self._steps_before_preemption(k, near)
         if self.waiting and self.block_manager.enable_prefix_caching:
-            k = self._stop_before_new_hit(k, token_id)
+            k = self._stop_before_new_hit(k, token_id, near)
         if k <= 0:
             return 0, start, []
         end = float(times[k])
-        self._apply_fast_forward(times[: k + 1], end, token_id)
+        done = self._advance_run(times[: k + 1], end, token_id, check_stop=k == k_max)
+        self._take_and_register_run_blocks(k, computed, near)
         finished: list[Sequence] = []
-        if k == k_max:
+        if done:
             max_model_len = self.config.max_model_len
-            for seq in running:
-                reason = _stop_reason(seq, token_id, max_model_len)
-                if reason is not None:
-                    self._finish(seq, reason, end, finished)
+            for seq in done:
+                self._finish(seq, _stop_reason(seq, token_id, max_model_len), end, finished)
             self.running = [s for s in running if s.status is RUNNING]
         return k, end, finished
 
@@ -520,9 +581,9 @@ class Scheduler:
                 k_max = left
         return k_max
 
-    def _steps_before_preemption(self, k: int) -> int:
+    def _steps_before_preemption(self, k: int, near: list[int]) -> int:
         """Cap a run of k decode steps before the first step whose new block finds the free list
-        empty (stepping would preempt there).
+        empty (stepping would preempt there). `near`: running indices, `_near_block_ends` of k.
 
         A sequence whose blocks cover its c computed tokens opens its next block at step
         len(block_table) * bs - c + 1, in 1..bs, and one more every bs steps; so stepping allocates
@@ -530,7 +591,8 @@ class Scheduler:
         bm, running = self.block_manager, self.running
         bs, free = bm.block_size, bm.num_free_blocks
         need = 0
-        for seq in running:
+        for idx in near:
+            seq = running[idx]
             more = -(-(seq.num_computed_tokens + k) // bs) - len(seq.block_table)
             if more > 0:
                 need += more
@@ -540,9 +602,10 @@ class Scheduler:
         rounds, i = divmod(free, len(running))
         return firsts[i] + rounds * bs - 1  # the step before allocation number `free` (from 0)
 
-    def _stop_before_new_hit(self, k: int, token_id: int) -> int:
+    def _stop_before_new_hit(self, k: int, token_id: int, near: list[int]) -> int:
         """Cap a run of k steps before the step in which a running request would register the
-        block that extends the waiting head's cached prefix (stepping would re-check admission)."""
+        block that extends the waiting head's cached prefix (stepping would re-check admission).
+        `near`: running indices, `_near_block_ends` of k (the others fill no block)."""
         bm, head = self.block_manager, self.waiting[0]
         bs = bm.block_size
         h = len(bm.lookup_prefix(head))
@@ -550,7 +613,9 @@ class Scheduler:
             return k  # no further full block of the head could hit
         hashes = bm.block_hashes(head, h + 1)
         prev = hashes[h - 1] if h else ROOT_HASH
-        for seq in self.running:
+        running = self.running
+        for idx in near:
+            seq = running[idx]
             if seq.num_cached_blocks != h or (h and seq.block_hashes[h - 1] != prev):
                 continue
             step = (h + 1) * bs - seq.num_computed_tokens  # the step that fills its block h
@@ -561,53 +626,69 @@ class Scheduler:
                     k = step - 1
         return k
 
-    def _apply_fast_forward(self, times: Seq[float], end: float, token_id: int) -> None:
+    def _advance_run(self, times: Seq[float], end: float, token_id: int, check_stop: bool) -> list[Sequence]:
+        """Give every running request the tokens of len(times) - 1 decode steps ending at
+        `times[1:]` and record their inter-token gaps (blocks: `_take_and_register_run_blocks`).
+        With `check_stop`, return the requests that the run finished, in running order."""
         k = len(times) - 1
-        running, bm = self.running, self.block_manager
+        running = self.running
         new_tokens = [token_id] * k
+        gaps: dict[float, int] = {}  # previous token time -> tokens that had it
+        done: list[Sequence] = []
         for seq in running:
-            seq.token_ids.extend(new_tokens)
-        if bm.enable_prefix_caching and self._new_blocks_collide(k):
-            self._apply_block_events(k)
-        else:
-            self._take_run_blocks(k)
-            if bm.enable_prefix_caching:
-                for seq in running:
-                    num_tokens = seq.num_computed_tokens + k
-                    if num_tokens // bm.block_size > seq.num_cached_blocks:
-                        bm.cache_full_blocks(seq, num_tokens)
+            tokens = seq.token_ids
+            tokens.extend(new_tokens)
+            seq.num_computed_tokens += k
+            last = seq.last_token_time
+            gaps[last] = gaps.get(last, 0) + 1
+            seq.last_token_time = end
+            if check_stop and len(tokens) >= seq.stop_num_tokens:  # EOS is ignored (run limit)
+                done.append(seq)
         if self.record_itl:
-            gaps: dict[float, int] = {}
-            for seq in running:
-                gaps[seq.last_token_time] = gaps.get(seq.last_token_time, 0) + 1
             self._record_gaps(float(times[1]), gaps)
             if k > 1:
                 self.itl_runs.append((array("d", times[1:]), len(running)))  # 8 bytes a step
-        for seq in running:
-            seq.num_computed_tokens += k
-            seq.last_token_time = end
+        return done
 
-    def _new_blocks_collide(self, k: int) -> bool:
+    def _take_and_register_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
+        """Allocate and register the blocks of k decode steps after `_advance_run`. `computed`: the
+        running requests' computed tokens before the run; `near`: the indices among them that
+        `_near_block_ends` gives for at least k steps (the others open and fill no block)."""
+        bm, running = self.block_manager, self.running
+        if bm.enable_prefix_caching and self._new_blocks_collide(k, computed, near):
+            self._apply_block_events(k, computed, near)
+            return
+        self._take_run_blocks(k, computed, near)
+        if bm.enable_prefix_caching:
+            for idx in near:
+                seq = running[idx]
+                num_tokens = computed[idx] + k
+                if num_tokens // bm.block_size > seq.num_cached_blocks:
+                    bm.cache_full_blocks(seq, num_tokens)
+
+    def _new_blocks_collide(self, k: int, computed: list[int], near: list[int]) -> bool:
         """Whether a block that the next k steps fill has a hash already cached or filled twice: only
         then does registering in stepping's order, between allocations, change the outcome."""
-        bm = self.block_manager
+        bm, running = self.block_manager, self.running
         bs = bm.block_size
         new_hashes: list[int] = []
-        for seq in self.running:
-            num_full = (seq.num_computed_tokens + k) // bs
+        for idx in near:
+            seq = running[idx]
+            num_full = (computed[idx] + k) // bs
             if num_full > seq.num_cached_blocks:
                 new_hashes += bm.block_hashes(seq, num_full)[seq.num_cached_blocks : num_full]
         cached = bm.hash_to_block_id.keys()
         return not cached.isdisjoint(new_hashes) or len(set(new_hashes)) < len(new_hashes)
 
-    def _take_run_blocks(self, k: int) -> None:
+    def _take_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
         """Give each running sequence the blocks that the next k steps open, taken from the free list
         in stepping's order (see `_steps_before_preemption`): one call, then dealt out by slicing."""
         running, bm = self.running, self.block_manager
         bs = bm.block_size
         opens = []  # (the step that opens the sequence's next block, running index)
-        for idx, seq in enumerate(running):
-            first = len(seq.block_table) * bs - seq.num_computed_tokens + 1
+        for idx in near:
+            seq = running[idx]
+            first = len(seq.block_table) * bs - computed[idx] + 1
             if first <= k:
                 opens.append((first, idx))
         if not opens:
@@ -624,23 +705,36 @@ class Scheduler:
             if counts[i] > m:
                 table.append(block_ids[m * n + i])
 
-    def _apply_block_events(self, k: int) -> None:
+    def _apply_block_events(self, k: int, computed: list[int], near: list[int]) -> None:
         """Allocate and register block by block, in the order stepping would (by step, then running
         index, an allocation before a registration)."""
         running, bm = self.running, self.block_manager
         bs = bm.block_size
         events: list[tuple[int, int, int]] = []
-        for idx, seq in enumerate(running):
-            c = seq.num_computed_tokens
+        for idx in near:
+            seq = running[idx]
+            c = computed[idx]
             events += [(j, idx, 0) for j in range(len(seq.block_table) * bs - c + 1, k + 1, bs)]
             events += [(j, idx, 1) for j in range((seq.num_cached_blocks + 1) * bs - c, k + 1, bs)]
         events.sort()
         for j, idx, register in events:
             seq = running[idx]
             if register:
-                bm.cache_full_blocks(seq, seq.num_computed_tokens + j)
+                bm.cache_full_blocks(seq, computed[idx] + j)
             else:
                 bm.take_free_blocks(seq.block_table, 1)
+
+
+_get_num_computed_tokens = attrgetter("num_computed_tokens")
+
+
+def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
+    """Indices of the decodes (blocks covering exactly their `computed` tokens) that open or fill a
+    block within k steps: those whose next token starts a block or lies in its last k slots."""
+    if k <= 0:
+        return []
+    last = block_size - k
+    return [i for i, c in enumerate(computed) if c % block_size == 0 or c % block_size >= last]
 
 
 def _stop_reason(seq: Sequence, token: int, max_model_len: int) -> str | None:
@@ -656,18 +750,16 @@ def _stop_reason(seq: Sequence, token: int, max_model_len: int) -> str | None:
 
 def _account_unsampled(
     batch: ScheduledBatch, sampled_token_ids: Seq[int | None]
-) -> list[tuple[Sequence, int | None]]:
+) -> Iterable[tuple[Sequence, int | None]]:
     """Advance the sequences whose step computed part of a prefill (nothing to sample); return the
-    (sequence, token) pairs of the others."""
-    sampled = []
-    for seq, n, do_sample, token in zip(
-        batch.seqs, batch.num_scheduled_tokens, batch.do_sample, sampled_token_ids
-    ):
-        if do_sample:
-            sampled.append((seq, token))
-        else:
-            seq.num_computed_tokens += n
-    return sampled
+    (sequence, token) pairs of the others, in batch order. Those are most of a step: both passes
+    select in C (`compress`), only the few unsampled sequences are visited here."""
+    seqs, do_sample = batch.seqs, batch.do_sample
+    num_scheduled = batch.num_scheduled_tokens
+    num = min(len(seqs), len(sampled_token_ids))
+    for i in compress(range(num), map(not_, do_sample)):
+        seqs[i].num_computed_tokens += num_scheduled[i]
+    return compress(zip(seqs, sampled_token_ids), do_sample)
 
 
 DecodeTimes = Callable[[int, int, int, int, float, float], Seq[float]]

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config import cdiv
-from engine.scheduler import accumulate_decode_times
+from engine.scheduler import _near_block_ends, accumulate_decode_times
 from engine.sequence import SamplingParams
 
 IGNORE_EOS = partial(SamplingParams, ignore_eos=True)
@@ -282,3 +282,17 @@ def test_prefix_hits_that_appear_during_a_run_stop_it():
     forwarded = drive(w, use_fast_forward=True)
     assert forwarded.seqs[1].first_scheduled_time == b.first_scheduled_time
     assert_same_run(stepped, forwarded)
+
+
+def test_near_block_ends_lists_the_decodes_that_open_or_fill_a_block_within_k_steps():
+    computed = [16, 17, 30, 31, 32, 14, 5]
+    assert _near_block_ends(computed, 16, 0) == []
+    assert _near_block_ends(computed, 16, 1) == [0, 3, 4]  # 16 and 32 open a block, 31 fills one
+    assert _near_block_ends(computed, 16, 2) == [0, 2, 3, 4, 5]
+    assert _near_block_ends(computed, 16, 16) == list(range(7))
+    for bs in (1, 2, 4, 16):
+        for k in range(0, 2 * bs + 1):
+            for c in range(1, 3 * bs + 1):
+                opens = cdiv(c, bs) * bs - c + 1 <= k  # blocks cover exactly the computed tokens
+                fills = (c + k) // bs > c // bs
+                assert (_near_block_ends([c], bs, k) == [0]) == (opens or fills), (bs, k, c)

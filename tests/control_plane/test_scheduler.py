@@ -5,8 +5,8 @@ import pytest
 from cp_helpers import ManualClock, batch_summary, check_block_invariants, make_scheduler
 
 from engine.config import SchedulerConfig
-from engine.scheduler import Scheduler
-from engine.sequence import SamplingParams, SequenceStatus
+from engine.scheduler import Scheduler, make_batch
+from engine.sequence import SamplingParams, Sequence, SequenceStatus
 
 LONG = SamplingParams(max_tokens=100, ignore_eos=True)
 
@@ -69,6 +69,59 @@ def test_chunked_policy_mixes_decodes_first_then_prefill_chunks():
     assert batch.max_seq_len == 8
     assert batch.prefill_attn_work == 0.0
     assert [s.num_output_tokens for s in (a, b, c)] == [3, 2, 2]
+
+
+def test_chunked_policy_grants_decodes_after_a_prefill_chunk_in_the_middle_of_running():
+    sched, bm, clock = make_scheduler(block_size=4, num_blocks=32, max_num_seqs=4, max_num_batched_tokens=16)
+    a = sched.add_request(tokens(100, 3), LONG)
+    b = sched.add_request(tokens(200, 5), LONG)
+    d = sched.add_request(tokens(400, 3), LONG)
+    c = sched.add_request(tokens(300, 30), LONG)
+    batch, _ = step(sched, clock)  # A, B, D whole, C's first 5 tokens
+    assert grants(batch) == [(0, 3), (1, 5), (2, 3), (3, 5)]
+    batch, _ = step(sched, clock)  # three decodes (A fills a block, D opens one), C's next 13
+    assert batch.kind == "mixed"
+    assert grants(batch) == [(0, 1), (1, 1), (2, 1), (3, 13)]
+    assert batch.do_sample == (True, True, True, False)
+    sched.running = [a, b, c, d]  # C's last chunk between decodes
+
+    batch, _ = step(sched, clock)  # A opens a block, B mid-block, C's last 12, D opens a block
+    assert batch.kind == "mixed"
+    assert grants(batch) == [(0, 1), (1, 1), (3, 12), (2, 1)]
+    assert batch.num_computed_tokens == (4, 6, 18, 4)
+    assert batch.is_prefill == (False, False, True, False)
+    assert batch.do_sample == (True, True, True, True)
+    assert (batch.num_prefill_seqs, batch.num_decode_seqs) == (1, 3)
+    assert (batch.num_prefill_tokens, batch.total_num_scheduled_tokens) == (12, 15)
+    assert batch.num_context_tokens == 32
+    assert batch.max_seq_len == 30
+    assert batch.prefill_attn_work == 12 * (18 + 13 / 2)
+    assert [len(s.block_table) for s in (a, b, c, d)] == [2, 2, 8, 2]
+    assert [(s.num_tokens, s.num_computed_tokens) for s in (a, b, c, d)] == [(6, 5), (8, 7), (31, 30), (6, 5)]
+    assert bm.num_used_blocks == batch.num_kv_blocks_used == 14
+
+    batch, _ = step(sched, clock)
+    assert batch.kind == "decode"
+    assert grants(batch) == [(0, 1), (1, 1), (3, 1), (2, 1)]
+
+
+def test_make_batch_with_leading_decodes_matches_the_general_path():
+    seqs = [Sequence(i, tokens(10 * i + 1, n), LONG) for i, n in enumerate((5, 9, 12, 7, 20, 3))]
+    num_new = [1, 1, 4, 1, 6, 1]
+    computed = [4, 8, 8, 6, 10, 2]  # a decode, a decode, a chunk, a decode, a chunk, a decode
+    cached = [0, 0, 0, 0, 4, 0]
+    general = make_batch(seqs, num_new, computed, cached, [9], 11)
+    bulk = make_batch(seqs, num_new, computed, cached, [9], 11, num_leading_decodes=2)
+    assert bulk == general
+    assert bulk.kind == "mixed"
+    assert bulk.is_prefill == (False, False, True, False, True, False)
+    assert bulk.do_sample == (True, True, True, True, False, True)
+    assert (bulk.num_prefill_seqs, bulk.num_prefill_tokens, bulk.total_num_scheduled_tokens) == (2, 10, 14)
+    assert (bulk.num_context_tokens, bulk.max_seq_len, bulk.total_num_cached_tokens) == (38, 16, 4)
+    assert bulk.prefill_attn_work == 4 * (8 + 5 / 2) + 6 * (10 + 7 / 2)
+    decodes = make_batch(seqs[:2], [1, 1], computed[:2], [0, 0], [], 3, num_leading_decodes=2)
+    assert decodes == make_batch(seqs[:2], [1, 1], computed[:2], [0, 0], [], 3)
+    assert (decodes.kind, decodes.max_seq_len, decodes.num_context_tokens) == ("decode", 9, 12)
 
 
 def test_chunked_policy_chunks_a_long_prompt_over_steps():
