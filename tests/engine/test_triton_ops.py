@@ -63,6 +63,9 @@ def _cases() -> tuple[dict, dict]:
         w = (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
         cases[f"rms_{tag}"] = dict(op="rms_norm", x=x, w=w)
         refs[f"rms_{tag}"] = (rms_norm(x, w, 1e-6),)
+        heads = torch.randn(3, 4, 96, generator=g).to(dtype)  # [T, H, D]: rows flattened
+        cases[f"rms_3d_{tag}"] = dict(op="rms_norm", x=heads, w=w)
+        refs[f"rms_3d_{tag}"] = (rms_norm(heads, w, 1e-6),)
         cases[f"add_rms_{tag}"] = dict(op="add_rms_norm", x=x, r=r, w=w)
         refs[f"add_rms_{tag}"] = add_rms_norm(x, r, w, 1e-6)
         q, k = _qkv(7, 4, 2, 64, dtype, g)
