@@ -104,7 +104,7 @@ def calibrate(args, ckpt: Path, gpu: str, block_size: int, replays, out: Path) -
         extra={
             "model_name": args.preset,
             "policy": "chunked",
-            "decode_kernel": getattr(llm.runner.backend, "decode_kernel", None),
+            **llm.kernel_choices(),
             "source": "benchmarks/calibrate.py",
         },
     )

@@ -100,7 +100,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
             engine_version=_version(),
             num_kv_blocks=llm.cache_config.num_blocks,
             target=args.target,
-            extra={"model_name": name, "policy": args.policy, "num_steps": len(records)},
+            extra={
+                "model_name": name,
+                "policy": args.policy,
+                "num_steps": len(records),
+                **llm.kernel_choices(),
+            },
         )
     out = Path(args.out or f"{name.lower()}_{profile.gpu.lower()}_tp{args.tp}_bs{args.block_size}.json")
     profile.save(out)

@@ -121,6 +121,15 @@ class LLM:
     def attention_backend(self) -> str:
         return self.runner.backend.name
 
+    def kernel_choices(self) -> dict[str, str | None]:
+        """Which kernels this engine runs where there is a choice (recorded with profiles and replays):
+        the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends) and the per-token
+        layers' ("triton" / "compile" / "torch")."""
+        return {
+            "decode_kernel": getattr(self.runner.backend, "decode_kernel", None),
+            "layer_kernels": self.runner.layer_impl,
+        }
+
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
         """Free the model, the KV cache and the graphs; stop and join the other ranks (idempotent)."""

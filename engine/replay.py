@@ -85,7 +85,7 @@ def write_replay(llm, trace, requests: pd.DataFrame, out_dir: str | Path, extra:
         "device": device,
         "tensor_parallel_size": llm.parallel_config.tensor_parallel_size,
         "attention_backend": llm.attention_backend,
-        "decode_kernel": getattr(llm.runner.backend, "decode_kernel", None),  # FA4 backend: triton or fa4
+        **llm.kernel_choices(),
         "block_size": cache.block_size,
         "num_kv_blocks": cache.num_blocks,
         "enable_prefix_caching": cache.enable_prefix_caching,

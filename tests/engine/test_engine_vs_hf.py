@@ -68,9 +68,11 @@ def test_forced_preemption(checkpoints, hf_greedy, arch, policy):
 
 
 def test_eager_and_graph_flags_on_cpu(checkpoints):
-    """On a CPU nothing is captured: every step is eager (graph_batch_size 0)."""
+    """On a CPU nothing is captured: every step is eager (graph_batch_size 0), with the torch
+    attention backend and the torch layer functions (what profiles and replays record)."""
     _, llm = run_engine(checkpoints["qwen3"])
     with llm:
+        assert llm.kernel_choices() == {"decode_kernel": None, "layer_kernels": "torch"}
         df = llm.recorder.to_dataframe()
         assert (df["graph_batch_size"] == 0).all()
         assert df["gpu_time_s"].notna().all()
