@@ -3,7 +3,6 @@ once per session with transformers' classes) and HF transformers' greedy outputs
 
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-MAX_NEW_TOKENS = 12
+from engine_helpers import MAX_NEW_TOKENS, make_prompts  # noqa: E402  (after the path fix)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,26 +24,6 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def make_prompts(vocab: int = 512, seed: int = 0) -> list[list[int]]:
-    """Mixed lengths; prompts 1-2 share a 40-token prefix, prompts 4-5 a 272-token one (a full
-    256-token block), so prefix caching hits at block sizes 16 and 256."""
-    rng = random.Random(seed)
-
-    def draw(n: int) -> list[int]:
-        return [rng.randrange(vocab) for _ in range(n)]
-
-    short_prefix, long_prefix = draw(40), draw(272)
-    return [
-        draw(3),
-        short_prefix + draw(9),
-        short_prefix + draw(30),
-        draw(70),
-        long_prefix + draw(20),
-        long_prefix + draw(5),
-        draw(1),
-    ]
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import MAX_NEW_TOKENS, make_prompts
+from engine_helpers import MAX_NEW_TOKENS, make_prompts
 
 from engine.distributed import TEST_EXIT_CODE, TEST_EXIT_ENV, StepMessage, check_tp_shapes, resolve_port
 from engine.llm import LLM

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import MAX_NEW_TOKENS, make_prompts
+from engine_helpers import MAX_NEW_TOKENS, make_prompts
 
 from engine.llm import LLM
 from engine.scheduler import make_batch
