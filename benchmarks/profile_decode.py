@@ -49,12 +49,12 @@ def profile_steps(llm: LLM, steps: int) -> tuple[float, float, list[tuple[str, f
     return wall, sum(r[1] for r in rows) / 1e3, rows
 
 
-def random_llm(block_size: int) -> LLM:
+def random_llm(block_size: int, **llm_kwargs) -> LLM:
     """An LLM over a random-weight Qwen3-0.6B made on the spot (CUDA graphs as in serving)."""
     ckpt = make_random_checkpoint(
         Path(tempfile.mkdtemp()) / "qwen3-0.6b", "qwen3", "qwen3-0.6b", seed=0, device="cuda"
     )
-    return LLM(ckpt, block_size=block_size, max_num_seqs=256, max_model_len=4096)
+    return LLM(ckpt, block_size=block_size, max_num_seqs=256, max_model_len=4096, **llm_kwargs)
 
 
 def kernel_table(prof, steps: int) -> list[tuple[str, float, float]]:

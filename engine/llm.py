@@ -9,6 +9,7 @@ is rank 0 and a `MultiprocExecutor` (engine/distributed.py) runs the other ranks
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Sequence as Seq
@@ -42,6 +43,10 @@ class LLM:
     $KVPLAN_TP_PORT, else a free port); a collective that waits longer than `dist_timeout_s` fails.
     `profile_allreduce` records each step's all-reduce time (synchronising around each one; decode
     steps replayed from a CUDA graph record NaN, so profile with `enforce_eager=True`).
+    `freeze_gc` (as vLLM does) moves every object alive after start-up out of the garbage collector's
+    reach until `close()`, so full collections stop walking the kernels' large compile caches in the
+    middle of host-bound steps. Off by default until measured (benchmarks/bench_gc_freeze.py): the
+    shipped profiles were fitted without it.
     """
 
     def __init__(
@@ -66,8 +71,10 @@ class LLM:
         dist_port: int | None = None,
         dist_timeout_s: float = 600.0,
         profile_allreduce: bool = False,
+        freeze_gc: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self._froze_gc = False
         hf_config = read_hf_config(self.model_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.scheduler_config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, policy)
@@ -116,6 +123,9 @@ class LLM:
             StepRecorder(tp, block_size, cuda=self.device.type == "cuda") if record_steps else None
         )
         self._compiles = self.runner.compile_count()  # kernel variants compiled before serving
+        if freeze_gc:  # what start-up built (modules, compiled kernels' objects) is never walked again
+            gc.freeze()
+            self._froze_gc = True
 
     @property
     def attention_backend(self) -> str:
@@ -133,6 +143,9 @@ class LLM:
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
         """Free the model, the KV cache and the graphs; stop and join the other ranks (idempotent)."""
+        if self._froze_gc:
+            gc.unfreeze()
+            self._froze_gc = False
         if self.runner is not None:
             self.runner.close()
             self.runner = None

@@ -34,7 +34,8 @@ SIM_GC_THRESHOLDS = (50_000, 20, 100)
 def relaxed_gc(thresholds: tuple[int, int, int] = SIM_GC_THRESHOLDS) -> Iterator[None]:
     """Collect less often while a simulation runs: what exists now is frozen (never walked), and the
     young generation collects every `thresholds[0]` allocations. Restores both on exit (process-wide
-    settings: do not run simulations in threads of one process)."""
+    settings: do not run simulations in threads of one process; the exit also unfreezes what others
+    froze, such as an `LLM(freeze_gc=True)` of the same process)."""
     old = gc.get_threshold()
     gc.freeze()
     gc.set_threshold(*thresholds)

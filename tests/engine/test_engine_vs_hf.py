@@ -183,3 +183,20 @@ def test_a_compile_flags_its_step_when_the_step_is_slow_enough_to_ask(
         df = llm.recorder.to_dataframe()
         assert int(df["compiled"].sum()) == flagged
         assert df["compiled"].tolist()[2] == bool(flagged)
+
+
+def test_freeze_gc_freezes_after_start_and_unfreezes_on_close(checkpoints):
+    import gc
+
+    from engine.llm import LLM
+
+    assert gc.get_freeze_count() == 0
+    llm = LLM(checkpoints["qwen3"], block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+              max_model_len=256, freeze_gc=True)  # fmt: skip
+    assert gc.get_freeze_count() > 0
+    llm.close()
+    assert gc.get_freeze_count() == 0
+    with LLM(
+        checkpoints["qwen3"], block_size=16, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256
+    ):
+        assert gc.get_freeze_count() == 0  # off by default
