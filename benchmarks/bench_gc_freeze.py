@@ -13,11 +13,9 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import time
 
-import torch
 from profile_decode import random_llm  # benchmarks/ is the script's folder
-from profile_prefill import add_step_requests, fresh_prompt
+from profile_prefill import fresh_prompt, run_steps
 
 from engine.sequence import SamplingParams
 
@@ -25,13 +23,7 @@ from engine.sequence import SamplingParams
 def timed(llm, rng: random.Random, shape: str, steps: int) -> tuple[float, list[int]]:
     """(wall ms per step, collections per generation) over `steps` steps of `shape`."""
     before = [s["collections"] for s in gc.get_stats()]
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        add_step_requests(llm, rng, shape)
-        llm.step()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / steps * 1e3
+    wall = run_steps(llm, rng, shape, steps)
     return wall, [s["collections"] - b for s, b in zip(gc.get_stats(), before)]
 
 
