@@ -63,6 +63,7 @@ class LLM:
         num_kv_blocks: int | None = None,
         attention_backend: str = "auto",
         enforce_eager: bool = False,
+        prefill_graphs: bool | None = None,
         dtype: str | None = None,
         device: str | None = None,
         tensor_parallel_size: int = 1,
@@ -96,6 +97,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             num_kv_blocks=num_kv_blocks,
             enforce_eager=enforce_eager,
+            prefill_graphs=prefill_graphs,
             seed=seed,
         )
         self.tokenizer = _load_tokenizer(self.model_dir)
@@ -192,7 +194,14 @@ class LLM:
                 compiled, self._compiles = compiles != self._compiles, compiles
             allreduce_s = allreduce.total() if allreduce is not None else math.nan
             recorder.record(
-                batch, timer, wall, self.runner.last_graph_batch_size, compiled, allreduce_s, start_s=t0
+                batch,
+                timer,
+                wall,
+                self.runner.last_graph_batch_size,
+                compiled,
+                allreduce_s,
+                start_s=t0,
+                graph_num_tokens=self.runner.last_graph_num_tokens,
             )
         return finished
 

@@ -1,9 +1,10 @@
 """ModelRunner: turns a `ScheduledBatch` into sampled token ids on one device (one rank).
 
-It owns the model, the KV cache, the sampler and the decode CUDA graphs. At start it loads the
-weights (this rank's shard), sizes the KV cache from the memory a warm-up forward leaves (CUDA; the
-smallest over the ranks) or takes the given block count (CPU), compiles every kernel variant a run
-can hit, and captures the graphs. Under tensor parallelism every rank runs the same start-up and
+It owns the model, the KV cache, the sampler and the CUDA graphs (whole decode steps per batch size;
+prefill and mixed steps piecewise per token bucket, attention eager: engine/piecewise.py). At start
+it loads the weights (this rank's shard), sizes the KV cache from the memory a warm-up forward leaves
+(CUDA; the smallest over the ranks) or takes the given block count (CPU), compiles every kernel
+variant a run can hit, and captures the graphs. Under tensor parallelism every rank runs the same start-up and
 the same batches in lockstep; only rank 0 gets logits and samples.
 """
 
@@ -25,6 +26,7 @@ from engine.layers.distributed import min_over_ranks
 from engine.layers.layernorm import LAYER_IMPLS
 from engine.loader import load_weights
 from engine.models import model_class
+from engine.piecewise import PiecewiseForward, SegmentBuffers, Segments, token_buckets
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledBatch, make_batch
 from engine.sequence import SamplingParams, Sequence
@@ -46,6 +48,17 @@ def layer_impl(device: torch.device, requested: str | None = None) -> str:
     if choice == "triton" and not (triton_ops.available() and device.type == "cuda"):
         raise ValueError("KVPLAN_LAYER_IMPL=triton needs a CUDA device and the triton package")
     return choice
+
+
+def prefill_graphs_enabled(requested: bool | None = None) -> bool:
+    """Piecewise graphs for prefill/mixed steps: `requested`, else $KVPLAN_PREFILL_GRAPHS ("0" / "1"),
+    else on."""
+    if requested is not None:
+        return requested
+    value = os.environ.get("KVPLAN_PREFILL_GRAPHS", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"KVPLAN_PREFILL_GRAPHS: {value!r} is not 0 or 1")
+    return value == "1"
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -95,6 +108,7 @@ class ModelRunner:
         gpu_memory_utilization: float = 0.9,
         num_kv_blocks: int | None = None,
         enforce_eager: bool = False,
+        prefill_graphs: bool | None = None,
         seed: int = 0,
         tp_rank: int | None = None,
         tp_size: int = 1,
@@ -109,6 +123,10 @@ class ModelRunner:
         self.graph_outputs: dict[int, torch.Tensor] = {}
         self.graph_buffers: _GraphBuffers | None = None
         self.last_graph_batch_size = 0
+        self.last_graph_num_tokens = 0
+        self.piecewise: PiecewiseForward | None = None
+        use_graphs = self.cuda and not enforce_eager and getattr(backend, "graph_safe", False)
+        self.use_prefill_graphs = use_graphs and prefill_graphs_enabled(prefill_graphs)
         self.kv_cache: KVCache | None = None
         self.model = self._load_model(model_dir, hf_config, tp_rank, tp_size)
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
@@ -116,8 +134,10 @@ class ModelRunner:
         self.kv_cache = self._allocate_kv_cache(num_kv_blocks, gpu_memory_utilization, enforce_eager)
         self.kv_cache.bind(self.model.attention_layers(), backend)
         self.warmup()
-        if self.cuda and not enforce_eager and getattr(backend, "graph_safe", False):
+        if use_graphs:
             self.capture_cudagraphs()
+        if self.use_prefill_graphs:
+            self.capture_piecewise()
 
     @property
     def num_kv_blocks(self) -> int:
@@ -189,6 +209,8 @@ class ModelRunner:
         budget = total * utilization - non_torch - torch.cuda.memory_allocated() - activation
         if not enforce_eager:
             budget -= GRAPH_MEMORY_RESERVE
+        if self.use_prefill_graphs:  # the piecewise graphs' pool holds about one step's activations
+            budget -= activation
         spec = dataclasses.replace(self.spec, dtype=str(self.dtype).removeprefix("torch."))
         blocks = num_kv_blocks(spec, int(budget), self.block_size, self.tp_size)
         if blocks <= 0:
@@ -283,6 +305,13 @@ class ModelRunner:
         torch.cuda.synchronize()
         return graph, out, graph.pool() if pool is None else pool
 
+    def capture_piecewise(self) -> None:
+        """Piecewise graphs of prefill/mixed steps for every token bucket (engine/piecewise.py)."""
+        buckets = token_buckets(self.max_num_batched_tokens)
+        buffers = SegmentBuffers.allocate(self.model, buckets[-1], self.dtype, self.device)
+        self.piecewise = PiecewiseForward(Segments(self.model, buffers), buckets)
+        self.piecewise.capture()
+
     def _graph_size(self, batch: ScheduledBatch) -> int:
         if not self.graphs or batch.kind != "decode" or not all(batch.do_sample):
             return 0
@@ -328,8 +357,12 @@ class ModelRunner:
         sample, in batch order (None when no row samples, or on a tensor-parallel rank other than 0)."""
         inputs = build_step_inputs(batch, self.block_size, self.device, self.staging)
         graph_bs = self._graph_size(batch)
+        self.last_graph_num_tokens = 0
         if graph_bs:
             hidden = self._replay(inputs, graph_bs)
+        elif self.piecewise is not None and inputs.attn.num_tokens <= self.piecewise.max_num_tokens:
+            hidden, self.last_graph_num_tokens = self.piecewise.forward(inputs)
+            hidden = hidden[inputs.logits_indices]
         else:
             with set_forward_context(inputs.attn):
                 hidden = self.model(inputs.input_ids, inputs.positions)
@@ -348,6 +381,9 @@ class ModelRunner:
         return count
 
     def close(self) -> None:
+        if self.piecewise is not None:
+            self.piecewise.close()
+            self.piecewise = None
         self.graphs.clear()
         self.graph_sizes = []
         self.graph_outputs.clear()

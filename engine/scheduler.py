@@ -47,6 +47,7 @@ STEP_RECORD_COLUMNS = (
     "compiled",
     "allreduce_time_s",
     "idle_before_s",
+    "graph_num_tokens",
 )
 
 

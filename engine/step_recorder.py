@@ -88,8 +88,10 @@ class StepRecorder:
         compiled: bool = False,
         allreduce_time_s: float = math.nan,
         start_s: float = math.nan,
+        graph_num_tokens: int = 0,
     ) -> None:
-        """One step's row; `start_s` (perf_counter at the step's start) gives `idle_before_s`."""
+        """One step's row; `start_s` (perf_counter at the step's start) gives `idle_before_s`;
+        `graph_num_tokens` the token bucket of a piecewise-graph step (0 otherwise)."""
         compiled = compiled or self._looks_compiled(batch.kind, wall_time_s)
         idle_before_s, self._last_end = start_s - self._last_end, start_s + wall_time_s
         self._rows.append(
@@ -114,6 +116,7 @@ class StepRecorder:
                 compiled,
                 allreduce_time_s,
                 idle_before_s,
+                graph_num_tokens,
             ]
         )
         self._pending.append((len(self._rows) - 1, timer))

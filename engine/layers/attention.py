@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention.metadata import get_forward_context
+from engine.attention.metadata import AttentionMetadata, get_forward_context
 from engine.kv_cache import store_kv_cache
 
 
@@ -34,6 +34,16 @@ class Attention(nn.Module):
         if self.backend is None:
             raise RuntimeError(f"attention layer {self.layer_idx}: no KV cache bound")
         metadata = get_forward_context()
-        store_kv_cache(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
+        self.store(k, v, metadata.slot_mapping)
+        return self.attend(q, k, v, metadata)
+
+    def store(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Write this step's keys and values into their cache slots (-1: skip the row)."""
+        store_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Attention of q over the cache (k/v: this step's, for backends that use them) -> [T, H * D]."""
         out = self.backend.forward(q, k, v, self.k_cache, self.v_cache, metadata, self.scale)
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -44,6 +44,13 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(d, spec.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.project(positions, hidden_states)
+        return self.o_proj(self.attn(q, k, v))
+
+    def project(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, H, D], k and v [T, Hkv, D] of the tokens: projection, q/k norm (Qwen3), rotary."""
         q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -57,7 +64,7 @@ class LlamaAttention(nn.Module):
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        return q, k, v
 
 
 class LlamaMLP(nn.Module):
@@ -86,11 +93,26 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v, residual = self.pre_attention(positions, hidden_states, residual)
+        return self.post_attention(self.self_attn.attn(q, k, v), residual)
+
+    # the layer cut at its attention kernel (piecewise CUDA graphs capture the two halves)
+    def pre_attention(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Input norm (adding the residual) and q/k/v: (q, k, v, residual)."""
         if residual is None:
             hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
+        q, k, v = self.self_attn.project(positions, hidden_states)
+        return q, k, v, residual
+
+    def post_attention(
+        self, attn_out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output projection, post-attention norm (adding the residual) and MLP: (hidden, residual)."""
+        hidden_states = self.self_attn.o_proj(attn_out)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
