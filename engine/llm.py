@@ -135,11 +135,13 @@ class LLM:
 
     def kernel_choices(self) -> dict[str, str | None]:
         """Which kernels this engine runs where there is a choice (recorded with profiles and replays):
-        the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends) and the per-token
-        layers' ("triton" / "compile" / "torch")."""
+        the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends), the per-token
+        layers' ("triton" / "compile" / "torch") and how prefill/mixed steps run ("piecewise" CUDA
+        graphs or "eager")."""
         return {
             "decode_kernel": getattr(self.runner.backend, "decode_kernel", None),
             "layer_kernels": self.runner.layer_impl,
+            "prefill_graphs": "piecewise" if self.runner.piecewise is not None else "eager",
         }
 
     # ---- lifetime -------------------------------------------------------------------------------

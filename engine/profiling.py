@@ -1,7 +1,8 @@
 """A designed sweep of step shapes run through the real engine, recorded for the latency fit.
 
 Decode batches over a grid of batch sizes and contexts (distinct prompts: shared ones would read
-their KV from L2 and look cheaper than serving), prefill chunks with and without cached prefixes,
+their KV from L2 and look cheaper than serving), decode batches whose lengths spread as serving's do
+(a longest sequence ~3.5x the mean), prefill chunks with and without cached prefixes,
 mixed steps (decodes plus a prefill chunk), then two short synthetic-traffic replays so the serving
 loop's own shapes are in the fit. All of it goes through `LLM` exactly as serving does.
 """
@@ -22,9 +23,9 @@ DECODE_STEPS = 40
 
 @dataclass(frozen=True)
 class Workload:
-    kind: str  # "decode" | "prefill" | "prefill_cached" | "mixed"
+    kind: str  # "decode" | "decode_spread" | "prefill" | "prefill_cached" | "mixed"
     num_seqs: int
-    prompt_len: int
+    prompt_len: int  # decode_spread: the longest prompt (the others spread geometrically down to 128)
     max_tokens: int
     shared_prefix_len: int = 0
     chunk_len: int = 0  # mixed: prompt length of the requests that join the running decodes
@@ -39,6 +40,14 @@ def design(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, k
         for c in contexts
         for b in batches
         if b * (c + DECODE_STEPS) <= 0.8 * kv_tokens
+    ]
+    out += [
+        Workload("decode_spread", b, c, DECODE_STEPS)
+        for c in (2048, 4096)
+        for b in (16, 32, 64, 96, 128, 192, 256)
+        if c + DECODE_STEPS < max_model_len
+        and b <= max_num_seqs
+        and sum(spread_lengths(b, c)) + b * DECODE_STEPS <= 0.9 * kv_tokens
     ]
     lengths = [
         n
@@ -64,9 +73,20 @@ def design(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, k
     return out
 
 
+def spread_lengths(num_seqs: int, longest: int, shortest: int = 128) -> list[int]:
+    """Prompt lengths spread geometrically from `shortest` to `longest` (serving-like skew)."""
+    if num_seqs == 1:
+        return [longest]
+    return [round(x) for x in np.geomspace(shortest, longest, num_seqs)]
+
+
 def _prompts(rng: np.random.Generator, w: Workload, vocab: int) -> list[list[int]]:
     prefix = rng.integers(0, vocab, w.shared_prefix_len).tolist()
-    return [prefix + rng.integers(0, vocab, w.prompt_len).tolist() for _ in range(w.num_seqs)]
+    if w.kind == "decode_spread":
+        lengths = spread_lengths(w.num_seqs, w.prompt_len)
+    else:
+        lengths = [w.prompt_len] * w.num_seqs
+    return [prefix + rng.integers(0, vocab, n).tolist() for n in lengths]
 
 
 def _run(llm, w: Workload, rng: np.random.Generator, vocab: int) -> None:

@@ -72,7 +72,11 @@ def test_eager_and_graph_flags_on_cpu(checkpoints):
     attention backend and the torch layer functions (what profiles and replays record)."""
     _, llm = run_engine(checkpoints["qwen3"])
     with llm:
-        assert llm.kernel_choices() == {"decode_kernel": None, "layer_kernels": "torch"}
+        assert llm.kernel_choices() == {
+            "decode_kernel": None,
+            "layer_kernels": "torch",
+            "prefill_graphs": "eager",
+        }
         df = llm.recorder.to_dataframe()
         assert (df["graph_batch_size"] == 0).all()
         assert df["gpu_time_s"].notna().all()

@@ -2,8 +2,8 @@
 
 Two engine builds are shipped with replays: decode through FlashAttention-4 (session 1,
 `_fa4decode`: 13 of 14 targets met) and the current engine (Triton split-KV decode, Triton layer
-kernels; fewer met: the misses are pinned here so that a regression shows, and explained in
-docs/PERF.md)."""
+kernels, piecewise CUDA graphs for prefill and mixed steps: light load meets every target, the
+heavy replay's misses are pinned here so that a regression shows, and explained in docs/PERF.md)."""
 
 from pathlib import Path
 
@@ -31,19 +31,19 @@ def test_fa4_decode_replays_within_targets(load, allowed_misses):
 
 
 def test_current_engine_heavy_replay():
-    """Near saturation the simulator runs 12 % fast: the replay's mixed steps cost ~20 % more than
-    the profile predicts (docs/PERF.md, session 3). Pinned so that a change shows either way."""
+    """Near saturation the simulator runs ~8 % slow: the replay's decode steps (~100 sequences over
+    ~128k cached tokens, longest ~4k) cost ~10 % less than the profile predicts, and queueing
+    compounds it into TTFT (docs/PERF.md, session 4). Pinned so that a change shows either way."""
     v, table = errors("h200_qwen3-0.6b_bs16_heavy", "qwen3-0.6b_h200_tp1_bs16.json")
-    assert 0.08 < table.loc["throughput_rps", "rel_error"] < 0.16, table
-    assert -0.18 < table.loc["tpot_mean_s", "rel_error"] < -0.08, table
-    assert (table.loc[list(TARGETS), "rel_error"].abs() < 0.45).all(), table
-    assert v.steps is not None and v.steps["residual"].abs().median() < 0.1  # 6.0 % measured
+    assert -0.10 < table.loc["throughput_rps", "rel_error"] < -0.05, table
+    assert 0.07 < table.loc["tpot_mean_s", "rel_error"] < 0.15, table
+    assert (table.loc[list(TARGETS), "rel_error"].abs() < 1.6).all(), table
+    assert v.steps is not None and v.steps["residual"].abs().median() < 0.2  # 14.4 % measured
 
 
 def test_current_engine_light_replay():
+    """Light load: every target met (session 4, piecewise CUDA graphs for prefill/mixed steps)."""
     v, table = errors("h200_qwen3-0.6b_bs16_light", "qwen3-0.6b_h200_tp1_bs16.json")
     misses = {m for m in TARGETS if not table.loc[m, "ok"]}
-    assert misses <= {"tpot_mean_s", "ttft_p99_s"}, table
-    assert abs(table.loc["tpot_mean_s", "rel_error"]) < 0.08, table
-    assert abs(table.loc["ttft_p99_s", "rel_error"]) < 0.45, table
-    assert v.steps is not None and v.steps["residual"].abs().median() < 0.1  # 7.6 % measured
+    assert not misses, table
+    assert v.steps is not None and v.steps["residual"].abs().median() < 0.12  # 8.5 % measured
