@@ -45,8 +45,10 @@ class LLM:
     steps replayed from a CUDA graph record NaN, so profile with `enforce_eager=True`).
     `freeze_gc` (as vLLM does) moves every object alive after start-up out of the garbage collector's
     reach until `close()`, so full collections stop walking the kernels' large compile caches in the
-    middle of host-bound steps. Off by default until measured (benchmarks/bench_gc_freeze.py): the
-    shipped profiles were fitted without it.
+    middle of host-bound steps. Off by default: in a heavy replay it did not make eager steps faster
+    (benchmarks/diag_replay_steps.py, docs/PERF.md session 4); the shipped profiles were fitted without.
+    `prefill_graphs` (default $KVPLAN_PREFILL_GRAPHS, else on) runs prefill and mixed steps through
+    piecewise CUDA graphs (engine/piecewise.py) whenever decode steps use graphs.
     """
 
     def __init__(
