@@ -309,7 +309,8 @@ class ModelRunner:
         """Piecewise graphs of prefill/mixed steps for every token bucket (engine/piecewise.py)."""
         buckets = token_buckets(self.max_num_batched_tokens)
         buffers = SegmentBuffers.allocate(self.model, buckets[-1], self.dtype, self.device)
-        self.piecewise = PiecewiseForward(Segments(self.model, buffers), buckets)
+        segments = Segments(self.model, buffers, copy_kv=self.backend.reads_new_kv)
+        self.piecewise = PiecewiseForward(segments, buckets)
         self.piecewise.capture()
 
     def _graph_size(self, batch: ScheduledBatch) -> int:

@@ -67,10 +67,11 @@ class SegmentBuffers:
 class Segments:
     """The model's forward as `num_segments` pieces over the static buffers: piece i of T rows."""
 
-    def __init__(self, model: Any, buffers: SegmentBuffers) -> None:
+    def __init__(self, model: Any, buffers: SegmentBuffers, copy_kv: bool = True) -> None:
         self.inner = model.model  # embed_tokens, layers (pre_attention / post_attention), norm
         self.layers = list(self.inner.layers)
         self.buf = buffers
+        self.copy_kv = copy_kv  # the backend reads this step's k/v, not only the cache
         self.num_segments = len(self.layers) + 1
 
     @torch.inference_mode()
@@ -88,8 +89,9 @@ class Segments:
         q, k, v, residual = layer.pre_attention(b.positions[:t], hidden, residual)
         layer.self_attn.attn.store(k, v, b.slot_mapping[:t])
         b.q[:t].copy_(q)
-        b.k[:t].copy_(k)
-        b.v[:t].copy_(v)
+        if self.copy_kv:
+            b.k[:t].copy_(k)
+            b.v[:t].copy_(v)
         b.residual[:t].copy_(residual)
 
 

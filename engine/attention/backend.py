@@ -24,6 +24,7 @@ def module_available(name: str) -> bool:
 class AttentionBackend:
     name = "base"
     graph_safe = False  # True when forward() can be captured in a CUDA graph
+    reads_new_kv = True  # False when forward() reads keys/values only from the cache, never k/v
 
     @staticmethod
     def supports_block_size(block_size: int) -> bool:

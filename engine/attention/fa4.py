@@ -23,6 +23,7 @@ from engine.attention.metadata import AttentionMetadata
 class FlashAttnCuteBackend(AttentionBackend):
     name = "flash_attn_cute"
     graph_safe = True  # its kernels read only device tensors: capturable in CUDA graphs
+    reads_new_kv = False  # pages only (page_table)
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ from engine.attention.metadata import AttentionMetadata
 class TorchSDPABackend(AttentionBackend):
     name = "torch"
     graph_safe = False  # loops over host-side lengths: never captured
+    reads_new_kv = False  # gathers pages
 
     @staticmethod
     def supports_block_size(block_size: int) -> bool:

@@ -31,10 +31,10 @@ def test_prefill_graphs_switch(monkeypatch):
         prefill_graphs_enabled()
 
 
-def _piecewise(llm: LLM, buckets: list[int]) -> PiecewiseForward:
+def _piecewise(llm: LLM, buckets: list[int], copy_kv: bool = True) -> PiecewiseForward:
     model = llm.runner.model
     buffers = SegmentBuffers.allocate(model, max(buckets), torch.float32, torch.device("cpu"))
-    return PiecewiseForward(Segments(model, buffers), buckets)
+    return PiecewiseForward(Segments(model, buffers, copy_kv), buckets)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
@@ -55,6 +55,9 @@ def test_piecewise_matches_forward(checkpoints, arch):
     hidden, t = _piecewise(llm, [64]).forward(inputs, eager=True)
     assert t == 64
     assert torch.equal(hidden, expected)
+    assert llm.runner.backend.reads_new_kv is False  # the torch backend reads pages only
+    uncopied, _ = _piecewise(llm, [64], copy_kv=False).forward(inputs, eager=True)
+    assert torch.equal(uncopied, expected)
     padded, t = _piecewise(llm, [16, 80]).forward(inputs, eager=True)
     assert t == 80 and padded.shape == expected.shape
     torch.testing.assert_close(padded, expected, rtol=1e-5, atol=1e-5)
