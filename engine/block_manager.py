@@ -23,10 +23,10 @@ class _LazyChain:
     and has never been found: cached, but neither hashed nor registered.
 
     While `seq` holds them they are its block_table[1:seq.num_cached_blocks]; `free` then moves them
-    to `free_blocks` (index order; eviction takes them from the end) and puts the chain in
-    `free_cached` as one entry. `token_ids` and `block_hashes` are the sequence's lists (they only grow
-    while the chain lives; `free` and the simulator rebind a finished sequence's lists, never clear
-    them), kept for a materialization after the sequence let go.
+    to `free_blocks` (index order; eviction takes them from the end), forgets `seq` and puts the
+    chain in `free_cached` as one entry. `token_ids` and `block_hashes` are the sequence's lists, kept
+    for a materialization after it let go: they only grow (the simulator rebinds a finished
+    sequence's lists to empty ones, never clears them).
     """
 
     __slots__ = ("seq", "token_ids", "block_hashes", "free_blocks", "materialized")
