@@ -320,9 +320,10 @@ def test_lazy_registration_allocates_as_eager_registration_under_random_operatio
                     s.token_ids.pop()
         else:
             pair = live.pop(rng.randrange(len(live)))
+            finished = rng.random() < 0.5  # in the simulator: it drops a finished sequence's lists
             for bm, s in zip(managers, pair):
                 bm.free(s)
-                if rng.random() < 0.5:  # finished in the simulator: it drops the sequence's lists
+                if finished:
                     s.token_ids, s.block_hashes = [], []
         assert [s.block_table for s, _ in live] == [s.block_table for _, s in live]
         assert allocation_state(managers[0]) == allocation_state(managers[1])
