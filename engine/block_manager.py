@@ -3,17 +3,40 @@
 Torch-free bookkeeping only (block ids, ref counts, hashes); the engine's KV tensor and the
 simulator both follow it. Per-block state lives in flat lists indexed by block id, and the free list
 in a list and a deque: every operation on one block is O(1) (amortized), with few dict operations.
+A chain of blocks that nobody has found yet is registered lazily (see `BlockManager`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from engine.config import cdiv
 from engine.sequence import Sequence
 
 ROOT_HASH = 0x6B76706C616E  # chain seed for a sequence's first block
+
+
+class _LazyChain:
+    """The full blocks after a sequence's first block, while that block's hash is registered fresh
+    and has never been found: cached, but neither hashed nor registered.
+
+    While `seq` holds them they are its block_table[1:seq.num_cached_blocks]; `free` then moves them
+    to `free_blocks` (index order; eviction takes them from the end), forgets `seq` and puts the
+    chain in `free_cached` as one entry. `token_ids` and `block_hashes` are the sequence's lists, kept
+    for a materialization after it let go: they only grow (the simulator rebinds a finished
+    sequence's lists to empty ones, never clears them).
+    """
+
+    __slots__ = ("seq", "token_ids", "block_hashes", "free_blocks", "materialized")
+
+    def __init__(self, seq: Sequence) -> None:
+        self.seq: Sequence | None = seq
+        self.token_ids = seq.token_ids
+        self.block_hashes = seq.block_hashes
+        self.free_blocks: list[int] = []
+        self.materialized = False  # its free_blocks are registered now: evicted one by one
 
 
 class BlockManager:
@@ -25,9 +48,44 @@ class BlockManager:
     when it does, and allocation takes from the front, evicting once no uncached block is left.
     A prefix hit on a free cached block takes it out of the middle of `free_cached` lazily: its entry
     stays, counted in `_num_stale`, and is skipped when it reaches the front.
+
+    Lazy registration (`lazy_registration`, on by default; off registers every full block at once).
+    Two full blocks share a hash only when their whole prefixes do (same depth, same first block),
+    barring a true 64-bit hash collision, so the blocks "under" a first-block hash H are registered
+    only by sequences whose first block has hash H, and a lookup reaches them only through H.
+    A sequence that holds the block registered under H frees it after its later blocks (tail first),
+    so those are evicted first; later blocks under H can outlive that block only when some sequence's
+    first block was a copy of it (`_copied_first_hashes` records such hashes). Hence when a sequence
+    registers its first block under a new hash that no first block ever copied, no block under that
+    hash is registered, and until someone finds the hash no other sequence fills one: its later
+    full blocks can be neither found nor copies. They are filled lazily: they count as cached (the
+    sequence's `num_cached_blocks`; `free` puts them at the back of the free list, tail first, and
+    eviction counts them), but are neither hashed nor registered, and carry no per-block state.
+    A `_LazyChain`, in `_lazy_chains` under the first block's id, knows them: in the owner's block
+    table, then, once freed, as one entry of `free_cached` that eviction cuts from by slicing.
+    The chain is materialized (its blocks still cached are hashed and registered; the sequence
+    registers eagerly from then on) as soon as its first block's hash is found: by a lookup, by
+    another sequence whose first block is a copy of it, or by a view (`hash_to_block_id`,
+    `block_hash`, `block_token_ids`). Eager registration gives the same hits, block ids, eviction
+    order and counts:
+    - lazy blocks take the free-list positions registered ones would (the back, tail first);
+    - a lookup, copy test or fast-forward collision test that could meet a chain's block meets its
+      first block's hash first, which materializes the chain;
+    - a lazy chain's blocks are held by its sequence alone (a hit would have materialized it) and
+      freed with it, before its first block, so they are evicted before it: a materialization
+      registers exactly the blocks eager registration would still hold, and the chain goes when its
+      first block is evicted.
+    Only a hash collision across chains or depths could make a difference (such a block stays
+    unregistered); the token check on a hit guards lookups against those either way.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        lazy_registration: bool = True,
+    ) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks: must be a positive integer, got {num_blocks}")
         if block_size <= 0:
@@ -35,9 +93,11 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.lazy_registration = lazy_registration
         self.num_free_blocks = num_blocks
         self.free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
-        self.free_cached: deque[int] = deque()
+        # registered blocks, and freed lazy chains (each stands for its free_blocks, last first)
+        self.free_cached: deque[int | _LazyChain] = deque()
         self._num_stale: dict[int, int] = {}  # block id -> entries of free_cached that a hit left
         self._num_stale_total = 0
         self.ref_counts = [0] * num_blocks
@@ -47,7 +107,10 @@ class BlockManager:
         self.cached_hashes: list[int | None] = [None] * num_blocks
         self.cached_token_srcs: list[list[int] | None] = [None] * num_blocks
         self.cached_block_indices = [0] * num_blocks
-        self.hash_to_block_id: dict[int, int] = {}
+        self._hash_to_block_id: dict[int, int] = {}
+        self._lazy_chains: dict[int, _LazyChain] = {}  # first block id -> the chain after it
+        # first-block hashes that a sequence's first block once copied: never lazy again (see above)
+        self._copied_first_hashes: set[int] = set()
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
         self.num_evictions = 0
@@ -66,13 +129,13 @@ class BlockManager:
         q = self.num_prefix_queried_tokens
         return self.num_prefix_hit_tokens / q if q else 0.0
 
-    # ---- per-block views (tests, debugging) --------------------------------------------------------
+    # ---- per-block views (tests, debugging); those that show hashes or tokens materialize -------
     @property
     def free_block_ids(self) -> list[int]:
         """The free list, front (allocated next) first: a snapshot."""
         skip = dict(self._num_stale)
         cached = []
-        for block_id in self.free_cached:
+        for block_id in _expand(self.free_cached):
             if skip.get(block_id):
                 skip[block_id] -= 1
             else:
@@ -83,12 +146,20 @@ class BlockManager:
         """Sequences holding `block_id`."""
         return self.ref_counts[block_id]
 
+    @property
+    def hash_to_block_id(self) -> dict[int, int]:
+        """Every registered hash -> its block id, lazy chains materialized first: the dict itself."""
+        self.materialize_all()
+        return self._hash_to_block_id
+
     def block_hash(self, block_id: int) -> int | None:
         """The hash a block is registered under (None when it holds no cached prefix)."""
+        self.materialize_all()
         return self.cached_hashes[block_id]
 
     def block_token_ids(self, block_id: int) -> tuple[int, ...] | None:
         """The tokens a cached block holds (None when it holds no cached prefix)."""
+        self.materialize_all()
         tokens = self.cached_token_srcs[block_id]
         if tokens is None:
             return None
@@ -98,13 +169,15 @@ class BlockManager:
     # ---- hashing --------------------------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
         """The hash chain of the first `num_blocks` full blocks of `seq` (memoised on the sequence)."""
-        hashes = seq.block_hashes
+        return self._extend_hash_chain(seq.block_hashes, seq.token_ids, num_blocks)
+
+    def _extend_hash_chain(self, hashes: list[int], tokens: list[int], num_blocks: int) -> list[int]:
+        """Extend `hashes`, the memo of the hash chain over the full blocks of `tokens`, to `num_blocks`."""
         bs = self.block_size
         start, end = len(hashes) * bs, num_blocks * bs
         if start >= end:
             return hashes
         prev = hashes[-1] if hashes else ROOT_HASH
-        tokens = seq.token_ids
         num_new = num_blocks - len(hashes)
         if num_new == 1:  # a decode filling its block
             hashes.append(hash((prev, tuple(tokens[start:end]))))
@@ -116,14 +189,23 @@ class BlockManager:
         return hashes
 
     def lookup_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids of the longest cached prefix of `seq`, leaving at least one token to compute."""
+        """Block ids of the longest cached prefix of `seq`, leaving at least one token to compute.
+        Only the first block is hashed unless it hits (it mostly misses)."""
         if not self.enable_prefix_caching:
             return []
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
+        if not max_blocks:
+            return []
+        get, hashes = self._hash_to_block_id.get, seq.block_hashes
+        first = get(hashes[0] if hashes else self.block_hashes(seq, 1)[0])
+        if first is None:
+            return []
+        if first in self._lazy_chains:
+            self._materialize(first)
         hashes = self.block_hashes(seq, max_blocks)
         hits: list[int] = []
-        tokens, get = seq.token_ids, self.hash_to_block_id.get
+        tokens = seq.token_ids
         srcs, indices = self.cached_token_srcs, self.cached_block_indices
         for i in range(max_blocks):
             block_id = get(hashes[i])
@@ -134,6 +216,11 @@ class BlockManager:
                 break  # a hash collision: the tokens differ
             hits.append(block_id)
         return hits
+
+    def any_registered(self, hashes: Iterable[int]) -> bool:
+        """Whether one of `hashes` is registered. Lazy chains stay as they are: for the blocks of
+        sequences that register eagerly the answer is the same (a lazy chain's hashes cannot match)."""
+        return not self._hash_to_block_id.keys().isdisjoint(hashes)
 
     # ---- allocation -----------------------------------------------------------------------------
     def num_blocks_needed(self, seq: Sequence, num_tokens: int, hits: list[int] | None = None) -> int:
@@ -194,19 +281,46 @@ class BlockManager:
             if not num:
                 return
         # the rest are cached blocks, least recently freed first: evict the prefixes they hold
+        self.num_evictions += num
         popleft, stale = self.free_cached.popleft, self._num_stale
-        hashes, srcs, hash_to_block_id = self.cached_hashes, self.cached_token_srcs, self.hash_to_block_id
-        for _ in range(num):
+        hashes, srcs, hash_to_block_id = self.cached_hashes, self.cached_token_srcs, self._hash_to_block_id
+        indices, lazy_chains = self.cached_block_indices, self._lazy_chains
+        while num:
             block_id = popleft()
-            while stale and block_id in stale:  # an entry a prefix hit left behind
+            if block_id.__class__ is _LazyChain:  # a freed lazy chain: many blocks at once
+                num -= self._evict_lazy_blocks(block_id, num, table)
+                continue
+            if stale and block_id in stale:  # an entry a prefix hit left behind
                 self._drop_stale(block_id)
-                block_id = popleft()
-            del hash_to_block_id[hashes[block_id]]
+                continue
+            block_hash = hashes[block_id]
+            if block_hash is not None:  # None: only a collision left it so (see _materialize)
+                del hash_to_block_id[block_hash]
+                if not indices[block_id]:  # a first block: the chain after it (if lazy) goes too
+                    lazy_chains.pop(block_id, None)
             hashes[block_id] = None
             srcs[block_id] = None
             ref_counts[block_id] = 1
             table.append(block_id)
-        self.num_evictions += num
+            num -= 1
+
+    def _evict_lazy_blocks(self, chain: _LazyChain, num: int, table: list[int]) -> int:
+        """Append up to `num` of the free blocks of `chain` (just taken off the front of free_cached)
+        to `table`, last first, putting the chain back in front if some are left; returns how many."""
+        blocks = chain.free_blocks
+        if chain.materialized:  # registered blocks now: back in front one by one, to evict as such
+            self.free_cached.extendleft(blocks)
+            return 0
+        n = min(num, len(blocks))
+        taken = blocks[: -n - 1 : -1]
+        del blocks[-n:]
+        ref_counts = self.ref_counts
+        for block_id in taken:
+            ref_counts[block_id] = 1
+        table += taken
+        if blocks:
+            self.free_cached.appendleft(chain)
+        return n
 
     def _drop_stale(self, block_id: int) -> None:
         count = self._num_stale[block_id]
@@ -216,6 +330,7 @@ class BlockManager:
             self._num_stale[block_id] = count - 1
         self._num_stale_total -= 1
 
+    # ---- registration ---------------------------------------------------------------------------
     def cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Register the blocks that are full once the first `num_tokens` tokens of `seq` are computed.
 
@@ -223,12 +338,24 @@ class BlockManager:
         scheduled later in the same step may hit them, because every layer stores its KV before it
         attends. A block keeps a reference to its tokens (the sequence's list, which only grows).
         A full block whose hash is already registered (a copy of a cached block) stays unregistered.
+        The blocks after a fresh, never found first block join its lazy chain instead.
         """
-        bs = self.block_size
-        num_full = num_tokens // bs
+        num_full = num_tokens // self.block_size
         first = seq.num_cached_blocks
+        if first:
+            chain = self._lazy_chains.get(seq.block_table[0])  # registers_lazily, inlined
+            if chain is not None and chain.seq is seq:
+                seq.num_cached_blocks = num_full
+                return
+        elif self.lazy_registration and self._register_first_block(seq):
+            seq.num_cached_blocks = num_full
+            return
+        self._register(seq, first, num_full)
+
+    def _register(self, seq: Sequence, first: int, num_full: int) -> None:
+        """Register blocks first..num_full - 1 of `seq` under their hashes (eager registration)."""
         hashes, tokens = self.block_hashes(seq, num_full), seq.token_ids
-        table, setdefault = seq.block_table, self.hash_to_block_id.setdefault
+        table, setdefault = seq.block_table, self._hash_to_block_id.setdefault
         cached_hashes, srcs, indices = self.cached_hashes, self.cached_token_srcs, self.cached_block_indices
         for i in range(first, num_full):
             block_id = table[i]
@@ -239,6 +366,57 @@ class BlockManager:
                 indices[block_id] = i
         seq.num_cached_blocks = num_full
 
+    def _register_first_block(self, seq: Sequence) -> bool:
+        """Register the first block of `seq`; True when its hash was new: a lazy chain starts after it.
+        When the block is a copy, the chain it copies is materialized and False returned."""
+        block_id, block_hash = seq.block_table[0], self.block_hashes(seq, 1)[0]
+        found = self._hash_to_block_id.setdefault(block_hash, block_id)
+        if found != block_id:
+            self._copied_first_hashes.add(block_hash)
+            if found in self._lazy_chains:
+                self._materialize(found)
+            return False
+        if block_hash in self._copied_first_hashes:
+            return False  # blocks under this hash may be registered after all (a copy's chain)
+        self.cached_hashes[block_id] = block_hash
+        self.cached_token_srcs[block_id] = seq.token_ids
+        self.cached_block_indices[block_id] = 0
+        self._lazy_chains[block_id] = _LazyChain(seq)
+        return True
+
+    def registers_lazily(self, seq: Sequence) -> bool:
+        """Whether the full blocks `seq` fills next join its lazy chain: then their hashes match no
+        registered hash and no block that another sequence fills."""
+        if not seq.num_cached_blocks:
+            return False
+        chain = self._lazy_chains.get(seq.block_table[0])
+        return chain is not None and chain.seq is seq
+
+    def _materialize(self, first_block_id: int) -> None:
+        """Hash and register the blocks of the lazy chain after `first_block_id` that are still cached:
+        all of them while its sequence holds them, else the free ones eviction has not reached."""
+        chain = self._lazy_chains.pop(first_block_id)
+        seq = chain.seq
+        if seq is not None:
+            blocks = seq.block_table[1 : seq.num_cached_blocks]
+        else:
+            blocks = chain.free_blocks
+            chain.materialized = True
+        tokens = chain.token_ids
+        hashes = self._extend_hash_chain(chain.block_hashes, tokens, len(blocks) + 1)
+        setdefault = self._hash_to_block_id.setdefault
+        cached_hashes, srcs, indices = self.cached_hashes, self.cached_token_srcs, self.cached_block_indices
+        for i, block_id in enumerate(blocks, 1):
+            if setdefault(hashes[i], block_id) == block_id:  # else a hash collision: left unregistered
+                cached_hashes[block_id] = hashes[i]
+                srcs[block_id] = tokens
+                indices[block_id] = i
+
+    def materialize_all(self) -> None:
+        """Register every lazy chain (for the views; changes no outcome)."""
+        for first_block_id in list(self._lazy_chains):
+            self._materialize(first_block_id)
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (between independent runs); only while no block is in use."""
         if self.num_used_blocks:
@@ -246,18 +424,31 @@ class BlockManager:
         n = self.num_blocks
         self.cached_hashes = [None] * n
         self.cached_token_srcs = [None] * n
-        self.hash_to_block_id.clear()
+        self._hash_to_block_id.clear()
+        self._lazy_chains.clear()
+        self._copied_first_hashes.clear()
         self.free_cached.clear()
         self._num_stale.clear()
         self._num_stale_total = 0
         self.free_uncached = list(range(n - 1, -1, -1))
 
+    # ---- release --------------------------------------------------------------------------------
     def free(self, seq: Sequence) -> None:
         """Release the blocks of `seq`, tail first, so that its prefix stays cached longest."""
+        if self.registers_lazily(seq):
+            self._free_lazy(seq)
+        else:
+            self._free_blocks(seq.block_table)
+        if self._num_stale_total > self.num_blocks:
+            self._compact_free_cached()
+        seq.block_table = []
+        seq.num_cached_blocks = 0
+
+    def _free_blocks(self, table: list[int]) -> None:
         ref_counts, cached_hashes = self.ref_counts, self.cached_hashes
         to_front, to_back = self.free_uncached.append, self.free_cached.append
         num_freed = 0
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(table):
             ref_count = ref_counts[block_id] - 1
             ref_counts[block_id] = ref_count
             if not ref_count:
@@ -267,19 +458,43 @@ class BlockManager:
                 else:
                     to_back(block_id)
         self.num_free_blocks += num_freed
-        if self._num_stale_total > self.num_blocks:
-            self._compact_free_cached()
-        seq.block_table = []
-        seq.num_cached_blocks = 0
+
+    def _free_lazy(self, seq: Sequence) -> None:
+        """`free` for a sequence whose chain is lazy: it alone holds its blocks, the first registered,
+        the next ones lazy, the rest (a partial tail) uncached; the lazy ones go as one entry."""
+        table, n = seq.block_table, seq.num_cached_blocks
+        chain = self._lazy_chains[table[0]]
+        ref_counts = self.ref_counts
+        for block_id in table:
+            ref_counts[block_id] = 0
+        self.free_uncached += table[: n - 1 : -1]
+        if n > 1:
+            chain.free_blocks = table[1:n]
+            self.free_cached.append(chain)
+        self.free_cached.append(table[0])
+        chain.seq = None
+        self.num_free_blocks += len(table)
 
     def _compact_free_cached(self) -> None:
         """Drop the stale entries of `free_cached` (hits on free blocks leave one each)."""
-        live: deque[int] = deque()
+        live: deque[int | _LazyChain] = deque()
         stale = self._num_stale
-        for block_id in self.free_cached:
-            count = stale.get(block_id)
-            if count:
-                self._drop_stale(block_id)
-            else:
-                live.append(block_id)
+        for entry in self.free_cached:
+            if entry.__class__ is _LazyChain and not entry.materialized:
+                live.append(entry)  # no hit reaches a lazy block
+                continue
+            for block_id in _expand((entry,)):
+                if stale.get(block_id):
+                    self._drop_stale(block_id)
+                else:
+                    live.append(block_id)
         self.free_cached = live
+
+
+def _expand(entries: Iterable[int | _LazyChain]) -> Iterator[int]:
+    """The block ids of free_cached entries, in eviction order."""
+    for entry in entries:
+        if entry.__class__ is _LazyChain:
+            yield from reversed(entry.free_blocks)
+        else:
+            yield entry

@@ -617,7 +617,11 @@ class Scheduler:
         running = self.running
         for idx in near:
             seq = running[idx]
-            if seq.num_cached_blocks != h or (h and seq.block_hashes[h - 1] != prev):
+            if seq.num_cached_blocks != h:
+                continue
+            # h > 0: the head's lookup materialized the chain of its first block, so a sequence that
+            # registers lazily has another first block (and no hash memo to read beyond it)
+            if h and (bm.registers_lazily(seq) or seq.block_hashes[h - 1] != prev):
                 continue
             step = (h + 1) * bs - seq.num_computed_tokens  # the step that fills its block h
             if step <= k:
@@ -669,17 +673,19 @@ class Scheduler:
 
     def _new_blocks_collide(self, k: int, computed: list[int], near: list[int]) -> bool:
         """Whether a block that the next k steps fill has a hash already cached or filled twice: only
-        then does registering in stepping's order, between allocations, change the outcome."""
+        then does registering in stepping's order, between allocations, change the outcome. The blocks
+        of a sequence that registers lazily can do neither (see `BlockManager`): they are not hashed."""
         bm, running = self.block_manager, self.running
         bs = bm.block_size
         new_hashes: list[int] = []
         for idx in near:
             seq = running[idx]
             num_full = (computed[idx] + k) // bs
-            if num_full > seq.num_cached_blocks:
+            if num_full > seq.num_cached_blocks and not bm.registers_lazily(seq):
                 new_hashes += bm.block_hashes(seq, num_full)[seq.num_cached_blocks : num_full]
-        cached = bm.hash_to_block_id.keys()
-        return not cached.isdisjoint(new_hashes) or len(set(new_hashes)) < len(new_hashes)
+        if not new_hashes:
+            return False
+        return bm.any_registered(new_hashes) or len(set(new_hashes)) < len(new_hashes)
 
     def _take_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
         """Give each running sequence the blocks that the next k steps open, taken from the free list

@@ -60,9 +60,10 @@ def make_scheduler(
     max_num_batched_tokens: int = 1024,
     max_model_len: int = 4096,
     clock: ManualClock | None = None,
+    lazy_registration: bool = True,
 ) -> tuple[Scheduler, BlockManager, ManualClock]:
     clock = clock or ManualClock()
-    bm = BlockManager(num_blocks, block_size, enable_prefix_caching)
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching, lazy_registration=lazy_registration)
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -98,6 +99,7 @@ class Workload:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 64
     max_model_len: int = 4096
+    lazy_registration: bool = True
 
 
 @dataclass
@@ -123,6 +125,7 @@ def drive(w: Workload, use_fast_forward: bool, max_iterations: int = 200_000) ->
         max_num_seqs=w.max_num_seqs,
         max_num_batched_tokens=w.max_num_batched_tokens,
         max_model_len=w.max_model_len,
+        lazy_registration=w.lazy_registration,
     )
     run = Run(sched, bm, [])
     arrivals, i = w.arrivals, 0
@@ -191,6 +194,19 @@ def block_manager_state(bm: BlockManager) -> tuple:
         list(bm.free_block_ids),
         dict(bm.hash_to_block_id),
         [(bm.ref_count(i), bm.block_hash(i), bm.block_token_ids(i)) for i in range(bm.num_blocks)],
+    )
+
+
+def allocation_state(bm: BlockManager) -> tuple:
+    """What lazy and eager registration must agree on at every moment, read without materializing
+    a lazy chain (unlike `block_manager_state`, whose hash and token views do)."""
+    return (
+        bm.num_prefix_hit_tokens,
+        bm.num_prefix_queried_tokens,
+        bm.num_evictions,
+        bm.num_free_blocks,
+        bm.free_block_ids,
+        list(bm.ref_counts),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from functools import partial
 
 import pytest
@@ -52,6 +53,13 @@ def assert_same_run(stepped, forwarded) -> None:
     assert len(forwarded.steps) + forwarded.num_ff_steps == len(stepped.steps)
 
 
+def compare_lazy_forwarded_with_eager_stepped(w: Workload) -> None:
+    """Fast-forward with lazy registration against stepping with eager registration."""
+    stepped = drive(replace(w, lazy_registration=False), use_fast_forward=False)
+    forwarded = drive(replace(w, lazy_registration=True), use_fast_forward=True)
+    assert_same_run(stepped, forwarded)
+
+
 def compare(w: Workload):
     stepped = drive(w, use_fast_forward=False)
     forwarded = drive(w, use_fast_forward=True)
@@ -90,10 +98,42 @@ def workloads(draw) -> Workload:
     )
 
 
+@st.composite
+def crowded_workloads(draw) -> Workload:
+    """Where lazy and eager registration could part: small blocks, three token ids (0 is the one every
+    step samples), prompts cut from a few shared ones (often to one block: copies of first blocks),
+    tight caches, prefix caching on."""
+    block_size = draw(st.integers(1, 4))
+    tok = st.integers(0, 2)
+    shared = draw(st.lists(st.lists(tok, min_size=1, max_size=3 * block_size), min_size=1, max_size=3))
+    arrivals, t = [], 0.0
+    for _ in range(draw(st.integers(2, 10))):
+        t += draw(st.sampled_from([0.0, 1e-3, 3e-3, 1e-2]))
+        prompt = draw(st.sampled_from(shared))
+        prompt = prompt[: draw(st.sampled_from([block_size, len(prompt)]))] or prompt
+        arrivals.append((t, prompt + draw(st.lists(tok, max_size=block_size)), draw(st.integers(1, 30))))
+    longest = max(len(p) for _, p, _ in arrivals)
+    max_num_seqs = draw(st.integers(1, 4))
+    return Workload(
+        arrivals=arrivals,
+        block_size=block_size,
+        num_blocks=cdiv(longest, block_size) + draw(st.integers(0, 6)),
+        policy=draw(st.sampled_from(["chunked", "prefill_first"])),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=draw(st.integers(max_num_seqs, 24)),
+    )
+
+
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_fast_forward_equals_stepping_on_random_workloads(w):
     compare(w)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(workloads(), crowded_workloads()))
+def test_lazy_fast_forward_equals_eager_stepping_on_random_workloads(w):
+    compare_lazy_forwarded_with_eager_stepped(w)
 
 
 # ---- one big deterministic case ---------------------------------------------------------------------------
@@ -134,6 +174,11 @@ def test_fast_forward_equals_stepping_on_a_big_workload(policy, caching):
     # fast-forward collapsed most decode steps, in far fewer calls
     assert forwarded.num_ff_steps > 0.6 * decode_steps
     assert forwarded.num_ff_calls < forwarded.num_ff_steps / 3
+
+
+@pytest.mark.parametrize("policy", ["chunked", "prefill_first"])
+def test_lazy_fast_forward_equals_eager_stepping_on_a_big_workload(policy):
+    compare_lazy_forwarded_with_eager_stepped(big_workload(policy, True))
 
 
 def test_fast_forward_collapses_a_pure_decode_run_into_one_call_per_finish():

@@ -5,6 +5,8 @@ shared blocks are frequent) and checks after every schedule() and postprocess():
 negative, no block both free and referenced, free + used == total, every used block's ref count equals
 the number of running sequences holding it, the token budget and max_num_seqs are respected, every
 admitted request finishes within a bound, and a rerun gives identical step-by-step decisions.
+Lazy registration (the default) is checked against eager registration run in lockstep: the same
+decisions and allocation state after every step and operation, the same hashes at the end.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from dataclasses import dataclass
 
 from cp_helpers import (
     ManualClock,
+    allocation_state,
     batch_summary,
+    block_manager_state,
     check_block_invariants,
     check_running_coverage,
     make_scheduler,
@@ -65,9 +69,37 @@ def cases(draw) -> Case:
     return Case(requests, block_size, num_blocks, caching, policy, max_num_seqs, budget, max_model_len)
 
 
+@st.composite
+def crowded_cases(draw) -> Case:
+    """Where lazy and eager registration could part: small blocks, three token ids, prompts cut from a
+    few shared ones (many exactly one block long, so that their first block is a copy), tight caches
+    (evictions, preemptions), prefix caching on."""
+    block_size = draw(st.sampled_from([1, 2, 3, 4]))
+    tok = st.integers(0, 2)
+    shared = draw(st.lists(st.lists(tok, min_size=1, max_size=3 * block_size), min_size=1, max_size=3))
+    requests = []
+    for _ in range(draw(st.integers(2, 12))):
+        prompt = draw(st.sampled_from(shared))
+        prompt = prompt[: draw(st.sampled_from([block_size, len(prompt)]))] or prompt
+        prompt = prompt + draw(st.lists(tok, max_size=block_size + 1))
+        requests.append((draw(st.integers(0, 12)), prompt, draw(st.integers(1, 12)), draw(st.booleans())))
+    requests.sort(key=lambda r: r[0])
+    longest = max(len(p) for _, p, _, _ in requests)
+    num_blocks = cdiv(longest, block_size) + draw(st.integers(0, 6))
+    policy = draw(st.sampled_from(["chunked", "prefill_first"]))
+    max_num_seqs = draw(st.integers(1, 4))
+    budget = draw(st.integers(max_num_seqs, 24))
+    return Case(requests, block_size, num_blocks, True, policy, max_num_seqs, budget, 4096)
+
+
 def sample(seq) -> int:
     """A deterministic fake sampler."""
     return (seq.seq_id * 7919 + seq.num_tokens * 104729) % VOCAB
+
+
+def sample_by_position(seq) -> int:
+    """A fake sampler that lets sequences with the same tokens go on alike (copies of blocks)."""
+    return (seq.num_tokens * 5 + 1) % 3
 
 
 def check_batch(sched, batch) -> None:
@@ -199,3 +231,100 @@ def test_block_manager_invariants_under_random_operations(case, seed):
         for s in live:
             s.status = SequenceStatus.RUNNING
         check_block_invariants(sched)
+
+
+# ---- lazy registration against eager registration ------------------------------------------------------
+def lockstep_schedulers(case: Case) -> list[tuple]:
+    """(scheduler, block manager, clock) with lazy registration, then with eager registration."""
+    return [
+        make_scheduler(
+            block_size=case.block_size,
+            num_blocks=case.num_blocks,
+            enable_prefix_caching=case.enable_prefix_caching,
+            policy=case.policy,
+            max_num_seqs=case.max_num_seqs,
+            max_num_batched_tokens=case.max_num_batched_tokens,
+            max_model_len=case.max_model_len,
+            lazy_registration=lazy,
+        )
+        for lazy in (True, False)
+    ]
+
+
+@SETTINGS
+@given(st.one_of(cases(), crowded_cases()))
+def test_lazy_registration_decides_as_eager_registration(case):
+    """Lazy and eager schedulers in lockstep: the same batches, finished requests and allocation state
+    after every step (nothing in between materializes the lazy chains), the same hashes at the end."""
+    runs = lockstep_schedulers(case)
+    (lazy_sched, lazy_bm, _), (eager_sched, eager_bm, _) = runs
+    pending = list(case.requests)
+    seqs: list[list] = [[], []]
+    bound = 50 + sum(len(p) + m for _, p, m, _ in pending) * (len(pending) + 1)
+    for step in range(bound):
+        while pending and pending[0][0] <= step:
+            _, prompt, max_tokens, ignore_eos = pending.pop(0)
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+            for (sched, _, _), added in zip(runs, seqs):
+                added.append(sched.add_request(prompt, params, eos_token_id=0))
+        if not pending and not eager_sched.has_unfinished():
+            break
+        batches = [sched.schedule() for sched, _, _ in runs]
+        assert batch_summary(batches[0]) == batch_summary(batches[1])
+        assert allocation_state(lazy_bm) == allocation_state(eager_bm)
+        finished = []
+        for (sched, _, clock), batch in zip(runs, batches):
+            clock.t = float(step + 1)
+            tokens = [sample_by_position(s) for s in batch.seqs]
+            finished.append([s.seq_id for s in sched.postprocess(batch, tokens)])
+        assert finished[0] == finished[1]
+        assert allocation_state(lazy_bm) == allocation_state(eager_bm)
+        check_block_invariants(eager_sched)
+    assert not lazy_sched.has_unfinished()
+    assert [request_fields(s) for s in seqs[0]] == [request_fields(s) for s in seqs[1]]
+    assert block_manager_state(lazy_bm) == block_manager_state(eager_bm)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(cases(), crowded_cases()), st.integers(0, 2**32 - 1))
+def test_lazy_registration_allocates_as_eager_registration_under_random_operations(case, seed):
+    """Random admit / grow / free / drop-the-lists operations on a lazy and an eager block manager:
+    the same hits, tables and allocation state after each, the same hashes at the end."""
+    rng = random.Random(seed)
+    managers = [bm for _, bm, _ in lockstep_schedulers(case)]
+    live: list[tuple[Sequence, Sequence]] = []
+    for op in range(80):
+        choice = rng.random()
+        if choice < 0.4 or not live:
+            _, prompt, _, _ = rng.choice(case.requests)
+            pair = (Sequence(op, prompt, SamplingParams()), Sequence(op, prompt, SamplingParams()))
+            hits = [bm.lookup_prefix(s) for bm, s in zip(managers, pair)]
+            assert hits[0] == hits[1]
+            admitted = [bm.allocate_slots(s, s.num_tokens, h) for bm, s, h in zip(managers, pair, hits)]
+            assert admitted[0] == admitted[1]
+            if admitted[0]:
+                for s in pair:
+                    s.num_computed_tokens = s.num_tokens
+                live.append(pair)
+        elif choice < 0.8:
+            pair = rng.choice(live)
+            token = rng.choice([0, rng.randrange(VOCAB)])  # 0 half the time: sequences go on alike
+            for s in pair:
+                s.token_ids.append(token)
+            grown = [bm.allocate_slots(s, s.num_tokens) for bm, s in zip(managers, pair)]
+            assert grown[0] == grown[1]
+            for s in pair:
+                if grown[0]:
+                    s.num_computed_tokens = s.num_tokens
+                else:
+                    s.token_ids.pop()
+        else:
+            pair = live.pop(rng.randrange(len(live)))
+            finished = rng.random() < 0.5  # in the simulator: it drops a finished sequence's lists
+            for bm, s in zip(managers, pair):
+                bm.free(s)
+                if finished:
+                    s.token_ids, s.block_hashes = [], []
+        assert [s.block_table for s, _ in live] == [s.block_table for _, s in live]
+        assert allocation_state(managers[0]) == allocation_state(managers[1])
+    assert block_manager_state(managers[0]) == block_manager_state(managers[1])
