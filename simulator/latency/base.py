@@ -16,7 +16,7 @@ from engine.scheduler import accumulate_decode_times
 
 KINDS = ("prefill", "decode", "mixed", "empty")
 # `decode_step_times`: steps done one by one first, then numpy passes of growing size.
-_SCALAR_STEPS = 48
+_SCALAR_STEPS = 64
 _FIRST_CHUNK = 256
 _MAX_CHUNK = 4096
 
@@ -179,9 +179,7 @@ class LatencyModelBase(ABC):
         `max_steps` steps, each starting before `deadline`. Vectorised with numpy."""
         # Short runs (a request due soon) are cheaper step by step; then numpy, in growing chunks.
         first = min(max_steps, _SCALAR_STEPS)
-        times = accumulate_decode_times(
-            self.decode_step_time, num_seqs, num_context_tokens, max_seq_len, first, start, deadline
-        )
+        times = self._leading_decode_times(num_seqs, num_context_tokens, max_seq_len, first, start, deadline)
         done, t = len(times) - 1, times[-1]
         chunk = _FIRST_CHUNK
         while done < max_steps and t < deadline:
@@ -196,6 +194,21 @@ class LatencyModelBase(ABC):
             times.extend(acc[1:].tolist())
             t, done, chunk = times[-1], done + m, min(4 * chunk, _MAX_CHUNK)
         return times
+
+    def _leading_decode_times(
+        self,
+        num_seqs: int,
+        num_context_tokens: int,
+        max_seq_len: int,
+        max_steps: int,
+        start: float,
+        deadline: float,
+    ) -> list[float]:
+        """The scalar phase of `decode_step_times` (at most `_SCALAR_STEPS` steps): the reference
+        loop here; models override it with the same float operations inlined, without a call a step."""
+        return accumulate_decode_times(
+            self.decode_step_time, num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
+        )
 
     def predict(self, batch: BatchShape) -> StepTime:
         kind = batch.kind

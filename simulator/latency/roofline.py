@@ -130,6 +130,35 @@ class RooflineModel(LatencyModelBase):
             + (self._t_step + self._t_seq * num_seqs)
         )
 
+    def _leading_decode_times(
+        self,
+        num_seqs: int,
+        num_context_tokens: int,
+        max_seq_len: int,
+        max_steps: int,
+        start: float,
+        deadline: float,
+    ) -> list[float]:
+        """The reference loop with `decode_step_time` inlined: the same float operations in the same
+        order ((linear + ctx_cost * (ctx + n)) + comm) + overhead, the terms that do not change with
+        the context computed once."""
+        linear = self._t_decode_seq_flops * num_seqs
+        if linear < self._t_weights:
+            linear = self._t_weights
+        per_token = self._t_decode_ctx
+        comm = self._t_comm_fixed + self._t_comm_token * num_seqs
+        overhead = self._t_step + self._t_seq * num_seqs
+        times = [start]
+        append = times.append
+        t, tokens = start, num_context_tokens + num_seqs
+        for _ in range(max_steps):
+            if t >= deadline:
+                break
+            t = t + (linear + per_token * tokens + comm + overhead)
+            append(t)
+            tokens += num_seqs
+        return times
+
     def _decode_step_array(
         self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
     ) -> np.ndarray:

@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
-from engine.config import SchedulerConfig
+from engine.config import ModelSpec, SchedulerConfig
 from engine.scheduler import Scheduler, accumulate_decode_times
 from engine.sequence import SamplingParams
-from simulator.latency import LatencyModel, StepShape
+from simulator.latency import LatencyModel, RooflineModel, StepShape
 
 
 def test_models_satisfy_protocol(latency_models: dict[str, LatencyModel]) -> None:
@@ -107,3 +107,46 @@ def test_vectorised_decode_step_times_match_the_scheduler_reference(
         )
         got = model.decode_step_times(num_seqs, context, max_len, max_steps, start, deadline)
         assert [t.hex() for t in got] == [t.hex() for t in expected], name
+
+
+def test_inlined_leading_decode_times_match_the_reference_step_by_step(
+    latency_models: dict[str, LatencyModel],
+) -> None:
+    """Each model's inlined scalar phase (`_leading_decode_times`) gives the reference loop's floats
+    exactly, whatever stops it: max_steps, a deadline at the start, a deadline mid-run."""
+    cases = [
+        (1, 0, 1, 0, 0.0, float("inf")),
+        (1, 0, 1, 64, 0.0, float("inf")),
+        (3, 4_000, 2_001, 64, 12.5, 12.5),
+        (7, 12_345, 3_000, 64, 1.0, 1.2),
+        (256, 1_000_000, 9_000, 40, 3600.0, float("inf")),
+        (600, 2_000_000, 40_000, 64, 0.1, 0.35),
+    ]
+    for name, model in latency_models.items():
+        for n, ctx, max_len, steps, start, deadline in cases:
+            expected = accumulate_decode_times(
+                model.decode_step_time, n, ctx, max_len, steps, start, deadline
+            )
+            got = model._leading_decode_times(n, ctx, max_len, steps, start, deadline)
+            assert [t.hex() for t in got] == [t.hex() for t in expected], (name, n, ctx, steps)
+
+
+def test_roofline_decode_step_times_exact_values(model: ModelSpec) -> None:
+    """Known floats for the H200 roofline of Qwen3-0.6B: 2 sequences, 100 cached tokens."""
+    roofline = RooflineModel(model, "h200")
+    times = roofline.decode_step_times(2, 100, 51, 3, 0.0, float("inf"))
+    step = roofline.decode_step_time(2, 100, 51)
+    assert times[1] == step
+    assert times == [
+        0.0,
+        step,
+        step + roofline.decode_step_time(2, 102, 52),
+        times[2] + roofline.decode_step_time(2, 104, 53),
+    ]
+    # about 2.315 ms a step
+    assert [t.hex() for t in times] == [
+        "0x0.0p+0",
+        "0x1.2f7626cb7fbadp-9",
+        "0x1.2f772758fe56bp-8",
+        "0x1.c7343bd9bb6bep-8",
+    ]
