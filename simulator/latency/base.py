@@ -162,7 +162,7 @@ class LatencyModelBase(ABC):
         self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
     ) -> np.ndarray:
         """`decode_step_time` over arrays of int64 totals, same operations in the same order (so the
-        same floats: numpy float64 ops are IEEE like Python's)."""
+        same floats: numpy float64 ops are IEEE like Python's), as a new array the caller may reuse."""
 
     def decode_step_times(
         self,
@@ -177,22 +177,25 @@ class LatencyModelBase(ABC):
         `accumulate_decode_times(self.decode_step_time, ...)`: times[0] = start, times[j] =
         times[j-1] + time of step j (whose context is num_context_tokens + (j-1) * num_seqs), up to
         `max_steps` steps, each starting before `deadline`. Vectorised with numpy."""
-        # Short runs (a request due soon) are cheaper step by step; then numpy, in growing chunks.
+        # Short runs (a request due soon) are cheaper step by step; then numpy, in growing passes
+        # unless the deadline is near (then step by step again).
         first = min(max_steps, _SCALAR_STEPS)
         times = self._leading_decode_times(num_seqs, num_context_tokens, max_seq_len, first, start, deadline)
         done, t = len(times) - 1, times[-1]
         chunk = _FIRST_CHUNK
         while done < max_steps and t < deadline:
-            m = min(chunk, max_steps - done)
-            js = np.arange(done, done + m, dtype=np.int64)
-            steps = self._decode_step_array(num_seqs, num_context_tokens + js * num_seqs, max_seq_len + js)
-            acc = np.cumsum(np.concatenate(([t], steps)))  # add.accumulate: sequential, like the loop
-            late = np.flatnonzero(acc[:m] >= deadline)  # a step starting at acc[i] >= deadline is not run
-            if late.size:
-                times.extend(acc[1 : late[0] + 1].tolist())
-                break
-            times.extend(acc[1:].tolist())
-            t, done, chunk = times[-1], done + m, min(4 * chunk, _MAX_CHUNK)
+            m = _chunk_size(min(chunk, max_steps - done), deadline - t, t - times[-2])
+            context, length = num_context_tokens + done * num_seqs, max_seq_len + done
+            if m <= _SCALAR_STEPS:
+                times += self._leading_decode_times(num_seqs, context, length, m, t, deadline)[1:]
+            else:
+                ends = self._decode_step_array(num_seqs, _arange(context, m, num_seqs), _arange(length, m, 1))
+                ends[0] += t  # then add.accumulate: sequential, like the loop (t + step 1, + step 2, ...)
+                np.add.accumulate(ends, out=ends)
+                late = np.flatnonzero(ends[: m - 1] >= deadline)  # step i + 2 starts at ends[i]: not run
+                times += (ends[: late[0] + 1] if late.size else ends).tolist()
+                chunk = min(4 * chunk, _MAX_CHUNK)
+            done, t = len(times) - 1, times[-1]
         return times
 
     def _leading_decode_times(
@@ -221,6 +224,22 @@ class LatencyModelBase(ABC):
         if kind == "empty":
             return ZERO_STEP
         raise ValueError(f"batch.kind: {kind!r} is not one of {list(KINDS)}")
+
+
+def _chunk_size(limit: int, time_left: float, last_step: float) -> int:
+    """Steps of the next numpy pass of `decode_step_times`: `limit`, or fewer when the deadline comes
+    first. Decode steps only grow longer, so time_left / last_step + 1 steps reach it; a pass that
+    falls short (a model whose steps shrink) is followed by another, so any size stays exact."""
+    if last_step > 0 and time_left < limit * last_step:
+        return min(limit, int(time_left / last_step) + 2)
+    return limit
+
+
+def _arange(first: int, num: int, step: int) -> np.ndarray:
+    """int64 first, first + step, ... (num values)."""
+    if step:
+        return np.arange(first, first + num * step, step, dtype=np.int64)
+    return np.full(num, first, dtype=np.int64)
 
 
 def decode_context_tokens(batch: Any) -> int:

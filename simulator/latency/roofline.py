@@ -165,12 +165,12 @@ class RooflineModel(LatencyModelBase):
         linear = self._t_decode_seq_flops * num_seqs
         if linear < self._t_weights:
             linear = self._t_weights
-        return (
-            linear
-            + self._t_decode_ctx * (num_context_tokens + num_seqs)
-            + (self._t_comm_fixed + self._t_comm_token * num_seqs)
-            + (self._t_step + self._t_seq * num_seqs)
-        )
+        steps = (num_context_tokens + num_seqs) * self._t_decode_ctx
+        # in place, in decode_step_time's order (a sum's two terms commute exactly)
+        steps += linear
+        steps += self._t_comm_fixed + self._t_comm_token * num_seqs
+        steps += self._t_step + self._t_seq * num_seqs
+        return steps
 
     def _decode_parts(
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int

@@ -150,3 +150,43 @@ def test_roofline_decode_step_times_exact_values(model: ModelSpec) -> None:
         "0x1.2f772758fe56bp-8",
         "0x1.c7343bd9bb6bep-8",
     ]
+
+
+def test_numpy_passes_sized_to_the_deadline_stay_exact(latency_models: dict[str, LatencyModel]) -> None:
+    """Runs cut by a deadline after the scalar phase: near (stepped again), far (numpy passes sized
+    to reach it), and across several passes, each equal to the reference float for float."""
+    for name, model in latency_models.items():
+        for steps in (65, 80, 129, 200, 700, 3000):
+            ref = accumulate_decode_times(
+                model.decode_step_time, 5, 7_000, 1_500, steps + 1, 1.0, float("inf")
+            )
+            deadline = (ref[steps - 1] + ref[steps]) / 2  # exactly `steps` steps start before it
+            got = model.decode_step_times(5, 7_000, 1_500, 1 << 20, 1.0, deadline)
+            assert [t.hex() for t in got] == [t.hex() for t in ref[:-1]], (name, steps)
+
+
+def test_steps_that_shrink_still_give_the_reference_times() -> None:
+    """A fit with a negative context coefficient (steps shrink as contexts grow) makes a deadline-
+    sized numpy pass fall short: another pass follows and the times stay exact."""
+    from simulator.latency.fitted import DECODE_FEATURES, PREFILL_FEATURES, FittedModel, LinearFit
+
+    decode = LinearFit(DECODE_FEATURES, (2e-3, 2e-5, -1e-8, 1e-7, 2e-9))
+    prefill = LinearFit(PREFILL_FEATURES, (3e-3, 2.5e-6, 1e-10, 2e-8, 5e-5, 1e-5))
+    model = FittedModel(decode, prefill, max_graph_batch_size=256)
+    ref = accumulate_decode_times(model.decode_step_time, 64, 100_000, 3_000, 2001, 0.0, float("inf"))
+    assert 0 < ref[2000] - ref[1999] < ref[1] - ref[0]  # about 2.96 ms, then 0.4 us less each step
+    deadline = (ref[1999] + ref[2000]) / 2
+    got = model.decode_step_times(64, 100_000, 3_000, 1 << 20, 0.0, deadline)
+    assert [t.hex() for t in got] == [t.hex() for t in ref[:-1]]
+
+
+def test_chunk_size_of_a_numpy_pass() -> None:
+    from simulator.latency.base import _arange, _chunk_size
+
+    assert _chunk_size(256, float("inf"), 0.002) == 256  # no deadline
+    assert _chunk_size(256, 1.0, 0.002) == 256  # the deadline is 500 steps away
+    assert _chunk_size(256, 0.2, 0.002) == 102  # 100 steps away: 100 + 2
+    assert _chunk_size(256, 0.0001, 0.002) == 2
+    assert _chunk_size(256, 0.2, 0.0) == 256  # no estimate from an empty step
+    assert _arange(10, 4, 3).tolist() == [10, 13, 16, 19]
+    assert _arange(7, 3, 0).tolist() == [7, 7, 7]
