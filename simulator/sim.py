@@ -83,13 +83,16 @@ class Replica:
         self.batch_log: list[tuple] | None = None  # per-step decisions, when asked (tests)
         self._last_sample = -math.inf
         self._wakeup: simpy.Event | None = None
+        self._params: dict[int, SamplingParams] = {}
         self.process = env.process(self.run())
 
     def _now(self) -> float:
         return self.clock
 
     def submit(self, request_id: int, prompt: list[int], output_len: int, arrival_s: float) -> Sequence:
-        params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+        params = self._params.get(output_len)
+        if params is None:  # frozen: one per output length serves every request of that length
+            params = self._params[output_len] = SamplingParams(max_tokens=output_len, ignore_eos=True)
         seq = self.scheduler.add_request(prompt, params, arrival_time=arrival_s)
         seq.user_data = (request_id, output_len)
         if seq.status is SequenceStatus.REJECTED:
@@ -225,14 +228,20 @@ def simulate(
     num_kv_blocks: int,
     progress: bool = False,
     record_batches: bool = False,
+    prompts: list[list[int]] | None = None,
 ) -> SimRun:
-    """Replay `trace` (a traces.Trace) on `config.num_replicas` replicas; return the raw run."""
+    """Replay `trace` (a traces.Trace) on `config.num_replicas` replicas; return the raw run.
+
+    `prompts`, when given, are `trace_prompts(trace, ...)` of this configuration's vocabulary, built
+    once for several runs; else they are built as requests arrive."""
     t0 = time.perf_counter()
     env = simpy.Environment()
     df = trace.df
     arrivals = df["arrival_s"].to_numpy(dtype=float).tolist()
     output_lens = df["output_len"].to_numpy().tolist()
     request_ids = df["request_id"].to_numpy().tolist()
+    if prompts is not None and len(prompts) != len(arrivals):
+        raise ValueError(f"prompts: {len(prompts)} given for a trace of {len(arrivals)} requests")
     arrival = NextArrival(arrivals[0] if arrivals else math.inf)
     replicas = [Replica(env, i, config, num_kv_blocks, latency, arrival) for i in range(config.num_replicas)]
     if record_batches:
@@ -250,9 +259,12 @@ def simulate(
                 arrival.event_time = env.now + delay  # where SimPy schedules the timeout
                 yield env.timeout(delay)
             arrival.time = arrivals[i + 1] if i + 1 < len(arrivals) else math.inf
-            if i % _TOKEN_CHUNK == 0:  # prompts of the next arrivals, generated together
-                chunk = trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab)
-            prompt = chunk[i % _TOKEN_CHUNK]
+            if prompts is not None:
+                prompt = prompts[i]
+            else:
+                if i % _TOKEN_CHUNK == 0:  # prompts of the next arrivals, generated together
+                    chunk = trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab)
+                prompt = chunk[i % _TOKEN_CHUNK]
             replica = router.choose(prompt)
             replica.submit(request_ids[i], prompt, output_lens[i], a)
             if bar is not None and i % 512 == 511:
@@ -265,6 +277,15 @@ def simulate(
     env.process(arrival_process())
     env.run()
     return SimRun(config, replicas, num_kv_blocks, time.perf_counter() - t0, getattr(trace, "name", ""))
+
+
+def trace_prompts(trace, vocab_size: int) -> list[list[int]]:
+    """The prompt token ids of every row of `trace`, as a simulation builds them (a configuration's
+    vocabulary size is `synthetic_vocab_size(model vocab, block size)`)."""
+    prompts: list[list[int]] = []
+    for i in range(0, len(trace), _TOKEN_CHUNK):
+        prompts += trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab_size)
+    return prompts
 
 
 def _progress_bar(total: int, enabled: bool, trace):

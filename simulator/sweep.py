@@ -34,8 +34,12 @@ from simulator.plan import (
     violations,
 )
 from simulator.run import run_simulation
+from simulator.sim import trace_prompts
 
 KEY_VERSION = 1
+# Prompts a process keeps for the points it runs (`PromptCache`): tokens of the small synthetic
+# vocabulary only (shared int objects, 8 bytes a token), up to this many (256 MB).
+PROMPT_CACHE_MAX_TOKENS = 32_000_000
 PROFILE_CHOICES = ("auto", "roofline")
 # Error types that a re-run would give again (a bad configuration); other failures are retried on resume.
 DETERMINISTIC_ERRORS = frozenset({"ValueError", "TraceError", "FileNotFoundError"})
@@ -347,10 +351,33 @@ def profile_for(profile: str, model: str, gpu: str, block_size: int, tp: int) ->
     return Path(profile)
 
 
-def simulate_point(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
+class PromptCache:
+    """The prompts of one run context's trace, built once for all the points a process runs with it
+    (every point replays the same rows; a rate scale changes only arrival times). Only prompts of the
+    small synthetic vocabulary are kept, and only up to PROMPT_CACHE_MAX_TOKENS tokens."""
+
+    def __init__(self, max_tokens: int = PROMPT_CACHE_MAX_TOKENS) -> None:
+        self.max_tokens = max_tokens
+        self._prompts: dict[int, list[list[int]] | None] = {}  # vocab size -> prompts (None: too big)
+
+    def get(self, trace: Any, config: SimConfig) -> list[list[int]] | None:
+        """The prompts of `trace` for `config`, or None when they are not kept."""
+        from traces.schema import SMALL_TOKEN_VOCAB, synthetic_vocab_size
+
+        vocab = synthetic_vocab_size(config.model.vocab_size, config.block_size)
+        if vocab not in self._prompts:
+            small = vocab <= SMALL_TOKEN_VOCAB and int(trace.df["prompt_len"].sum()) <= self.max_tokens
+            self._prompts[vocab] = trace_prompts(trace, vocab) if small else None
+        return self._prompts[vocab]
+
+
+def simulate_point(
+    ctx: RunContext, point: Mapping[str, Any], prompts: PromptCache | None = None
+) -> dict[str, Any]:
     """Simulate one point; a configuration that cannot run becomes a row with `error` set.
 
     `point` holds axis values and optionally `rate_scale` (replay that many times faster).
+    `prompts` keeps the trace's prompts between the points of one process (same context only).
     """
     t0 = time.perf_counter()
     row: dict[str, Any] = {
@@ -373,7 +400,8 @@ def simulate_point(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
         )
         latency = ctx.latency(config) if ctx.latency is not None else None
         slo = SLO.parse(ctx.slo) if ctx.slo else None
-        result = run_simulation(trace, config, profile=profile, latency=latency, slo=slo)
+        shared = prompts.get(ctx.trace, config) if prompts is not None else None
+        result = run_simulation(trace, config, profile=profile, latency=latency, slo=slo, prompts=shared)
         summary = result.summary
         row.update({k: v for k, v in summary.items() if k not in _SUMMARY_SKIP and _is_scalar(v)})
         row["profile_used"] = str(profile) if profile is not None else "roofline"
@@ -401,16 +429,17 @@ def _is_scalar(v: Any) -> bool:
 # ---- execution --------------------------------------------------------------------------------------
 
 _WORKER_CTX: RunContext | None = None
+_WORKER_PROMPTS: PromptCache | None = None
 
 
 def _init_worker(ctx: RunContext) -> None:
-    global _WORKER_CTX
-    _WORKER_CTX = ctx
+    global _WORKER_CTX, _WORKER_PROMPTS
+    _WORKER_CTX, _WORKER_PROMPTS = ctx, PromptCache()
 
 
 def _pool_task(point: Mapping[str, Any]) -> dict[str, Any]:
     assert _WORKER_CTX is not None, "worker not initialised"
-    return simulate_point(_WORKER_CTX, point)
+    return simulate_point(_WORKER_CTX, point, _WORKER_PROMPTS)
 
 
 class PointRunner:
@@ -425,6 +454,7 @@ class PointRunner:
         self.workers = workers or os.cpu_count() or 1
         self.ray_address = ray_address
         self._pool: ProcessPoolExecutor | None = None
+        self._prompts = PromptCache()  # for points run inline
         self._ray_started = False
         self._ray_ctx = None
         self._ray_task = None
@@ -462,7 +492,7 @@ class PointRunner:
             yield from self._ray(points)
         elif self.workers == 1:
             for i, p in enumerate(points):
-                yield i, simulate_point(self.ctx, p)
+                yield i, simulate_point(self.ctx, p, self._prompts)
         else:
             yield from self._local(points)
 
