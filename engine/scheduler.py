@@ -102,25 +102,27 @@ def make_batch(
     k = len(seqs) if all_decodes else num_leading_decodes
     if k == len(seqs) and seqs:
         return _decode_batch(seqs, computed, preempted, num_kv_blocks_used)
-    total = sum(num_new)
-    tail_seqs, tail_new, tail_computed = seqs[k:], num_new[k:], computed[k:]
-    tail_sample = [c + n == len(s.token_ids) for s, c, n in zip(tail_seqs, tail_computed, tail_new)]
-    if total - k == len(tail_seqs) and all(tail_sample):  # plain decodes: one token, sampled
-        tail_prefill: list[bool] = [False] * len(tail_seqs)
-        num_prefill_seqs = 0
-    else:
-        tail_prefill = [n > 1 or not d for n, d in zip(tail_new, tail_sample)]
-        num_prefill_seqs = sum(tail_prefill)
+    # The leading decodes need no look; the rest (usually a prefill chunk or two) in one pass.
+    tail_prefill: list[bool] = []
+    tail_sample: list[bool] = []
+    prefill_terms: list[float] = []  # new * (computed + (new + 1) / 2) of each prefill
+    num_prefill_tokens = 0
+    max_seq_len = max(computed[:k]) + 1 if k else 0  # with prefills: max of computed + new
+    for seq, c, n in zip(seqs[k:], computed[k:], num_new[k:]):
+        sample = c + n == len(seq.token_ids)
+        tail_sample.append(sample)
+        if n > 1 or not sample:
+            tail_prefill.append(True)
+            prefill_terms.append(n * (c + (n + 1) / 2))
+            num_prefill_tokens += n
+        else:
+            tail_prefill.append(False)
+        if c + n > max_seq_len:
+            max_seq_len = c + n
+    num_prefill_seqs = len(prefill_terms)
     if num_prefill_seqs:
-        pre = [(n, c) for n, c, p in zip(tail_new, tail_computed, tail_prefill) if p]
-        num_prefill_tokens = sum(n for n, _ in pre)
-        work = float(sum(n * (c + (n + 1) / 2) for n, c in pre))
         kind = "prefill" if num_prefill_seqs == len(seqs) else "mixed"
-        max_seq_len = max(c + n for c, n in zip(tail_computed, tail_new))
-        if k:  # the leading decodes: one token each
-            max_seq_len = max(max_seq_len, max(computed[:k]) + 1)
     else:
-        num_prefill_tokens, work = 0, 0.0
         kind = "decode" if seqs else "empty"
         max_seq_len = max(computed) + 1 if seqs else 0
     return ScheduledBatch(
@@ -134,12 +136,12 @@ def make_batch(
         num_kv_blocks_used=num_kv_blocks_used,
         kind=kind,
         num_prefill_seqs=num_prefill_seqs,
-        total_num_scheduled_tokens=total,
+        total_num_scheduled_tokens=sum(num_new),
         num_prefill_tokens=num_prefill_tokens,
         total_num_cached_tokens=sum(cached),
         num_context_tokens=sum(computed),
         max_seq_len=max_seq_len,
-        prefill_attn_work=work,
+        prefill_attn_work=float(sum(prefill_terms)) if num_prefill_seqs else 0.0,
     )
 
 
