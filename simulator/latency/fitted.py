@@ -227,14 +227,15 @@ class FittedModel(LatencyModelBase):
         d2, d3 = self._d2, self._d3 + self._d4 * b
         times = [start]
         append = times.append
-        t, ctx, length = start, num_context_tokens, max_seq_len
+        # counts as floats: integers, exact, and float * float is the interpreter's fast path
+        t, ctx, length, step = start, float(num_context_tokens), float(max_seq_len), float(num_seqs)
         for _ in range(max_steps):
             if t >= deadline:
                 break
             t = t + (base + d2 * ctx + d3 * length)
             append(t)
-            ctx += num_seqs
-            length += 1
+            ctx += step
+            length += 1.0
         return times
 
     def _decode_step_array(

@@ -150,13 +150,22 @@ class RooflineModel(LatencyModelBase):
         overhead = self._t_step + self._t_seq * num_seqs
         times = [start]
         append = times.append
-        t, tokens = start, num_context_tokens + num_seqs
+        # token counts as floats: integers, exact, and float * float is the interpreter's fast path
+        t, tokens, step = start, float(num_context_tokens + num_seqs), float(num_seqs)
+        if comm == 0.0:  # tp = 1: adding 0.0 to a positive float changes nothing
+            for _ in range(max_steps):
+                if t >= deadline:
+                    break
+                t = t + (linear + per_token * tokens + overhead)
+                append(t)
+                tokens += step
+            return times
         for _ in range(max_steps):
             if t >= deadline:
                 break
             t = t + (linear + per_token * tokens + comm + overhead)
             append(t)
-            tokens += num_seqs
+            tokens += step
         return times
 
     def _decode_step_array(
