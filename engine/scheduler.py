@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import chain, compress, islice
 from operator import attrgetter, not_
 
 from engine.block_manager import ROOT_HASH, BlockManager
@@ -307,6 +307,7 @@ class Scheduler:
         gaps: dict[float, int] = {}  # previous token time -> tokens that had it
         run_last: object = _NO_TIME  # the previous token time shared by a run of sequences (most do)
         run = 0
+        num_done = len(finished)  # those before it finished outside the running queue
         for seq, token in sampled:
             tokens = seq.token_ids
             seq.num_computed_tokens = len(tokens)  # a sampling step computed every pending token
@@ -327,9 +328,18 @@ class Scheduler:
             gaps[run_last] = gaps.get(run_last, 0) + run
         if self.record_itl:
             self._record_gaps(now, gaps)
-        if finished:
-            self.running = [s for s in self.running if s.status is RUNNING]
+        if len(finished) > num_done:
+            self._remove_running(finished[num_done:])
         return finished
+
+    def _remove_running(self, done: list[Sequence]) -> None:
+        """Take the sequences `done` (finished, in `running` order) out of `running`: a few found by
+        a scan in C, many by rebuilding the list."""
+        if len(done) <= 4:
+            for seq in done:
+                self.running.remove(seq)  # Sequence compares by identity
+        else:
+            self.running = [s for s in self.running if s.status is RUNNING]
 
     def _record_gaps(self, now: float, counts: dict[float, int]) -> None:
         """Tokens sampled at `now` whose previous token came at each time in `counts`."""
@@ -385,26 +395,24 @@ class Scheduler:
         bs = self.block_manager.block_size
         computed = step.computed
         add_computed = computed.append
-        budget, first_other = step.budget, None
-        # The per-step hot loop, kept flat. Preemption pops from the end of `running`, which ends
-        # the iteration there, as it must.
-        for seq in running:
-            if budget <= 0:
-                break
+        first_other = None
+        # The per-step hot loop, kept flat: one grant of budget each (islice stops where the budget
+        # does, consuming no more of `running`). Preemption pops from the end of `running`, which
+        # ends the iteration there, as it must.
+        for seq in islice(running, max(step.budget, 0)):
             c = seq.num_computed_tokens
             if len(seq.token_ids) - c != 1:
                 first_other = seq
                 break
-            # mid-block: nothing to allocate, nothing fills
-            if not (c % bs and (c + 1) % bs) and not self._grant_blocks(seq, c + 1, step):
+            # (c + 1) % bs < 2: c opens a block or fills one; mid-block there is nothing to do
+            if (c + 1) % bs < 2 and not self._grant_blocks(seq, c + 1, step):
                 break
             add_computed(c)
-            budget -= 1
         k = len(computed)
         step.seqs = self.running[:k]  # preemption only removes sequences after the granted ones
         step.num_new = [1] * k
         step.num_leading_decodes = k
-        step.budget = budget
+        step.budget -= k
         return first_other
 
     def _schedule_others(self, step: _StepBuilder, running: Iterable[Sequence]) -> None:
@@ -418,7 +426,7 @@ class Scheduler:
             c = seq.num_computed_tokens
             n = len(seq.token_ids) - c
             if n == 1:  # a plain decode, as above
-                if not (c % bs and (c + 1) % bs) and not self._grant_blocks(seq, c + 1, step):
+                if (c + 1) % bs < 2 and not self._grant_blocks(seq, c + 1, step):
                     break
             else:
                 if n > budget:
@@ -636,16 +644,25 @@ class Scheduler:
         running = self.running
         new_tokens = [token_id] * k
         gaps: dict[float, int] = {}  # previous token time -> tokens that had it
+        run_last: object = _NO_TIME  # the previous token time of a run of sequences (most share one)
+        run = 0
         done: list[Sequence] = []
         for seq in running:
             tokens = seq.token_ids
             tokens.extend(new_tokens)
             seq.num_computed_tokens += k
             last = seq.last_token_time
-            gaps[last] = gaps.get(last, 0) + 1
+            if last is run_last:
+                run += 1
+            else:
+                if run:
+                    gaps[run_last] = gaps.get(run_last, 0) + run
+                run_last, run = last, 1
             seq.last_token_time = end
             if check_stop and len(tokens) >= seq.stop_num_tokens:  # EOS is ignored (run limit)
                 done.append(seq)
+        if run:
+            gaps[run_last] = gaps.get(run_last, 0) + run
         if self.record_itl:
             self._record_gaps(float(times[1]), gaps)
             if k > 1:
@@ -736,7 +753,7 @@ def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
     if k <= 0:
         return []
     last = block_size - k
-    return [i for i, c in enumerate(computed) if c % block_size == 0 or c % block_size >= last]
+    return [i for i, c in enumerate(computed) if not 0 < c % block_size < last]
 
 
 def _stop_reason(seq: Sequence, token: int, max_model_len: int) -> str | None:

@@ -538,3 +538,22 @@ def test_make_batch_totals_match_their_definitions(seed):
         assert batch.prefill_attn_work.hex() == got[-1].hex()
         assert (batch.total_num_scheduled_tokens, batch.num_context_tokens) == (sum(num_new), sum(computed))
         assert (batch.total_num_cached_tokens, batch.preempted_seq_ids) == (sum(cached), (7,))
+
+
+@pytest.mark.parametrize("num_done", [1, 4, 5, 9])
+def test_requests_finishing_together_leave_running_in_order(num_done):
+    """A step that finishes a few requests (taken out one by one) or many (the queue rebuilt)
+    leaves the others running in their order."""
+    sched, _, clock = make_scheduler(block_size=4, num_blocks=256, max_num_seqs=32)
+    short = SamplingParams(max_tokens=3, ignore_eos=True)
+    seqs = [
+        sched.add_request(tokens(10 * i, 6), short if i % 2 == 0 and i // 2 < num_done else LONG)
+        for i in range(2 * num_done + 1)
+    ]
+    finished = []
+    for _ in range(3):
+        _, done = step(sched, clock)
+        finished += done
+    assert [s.seq_id for s in finished] == [s.seq_id for s in seqs if s.sampling_params is short]
+    assert sched.running == [s for s in seqs if s.sampling_params is LONG]
+    assert all(s.status is SequenceStatus.FINISHED and s.num_output_tokens == 3 for s in finished)
