@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -256,6 +257,8 @@ def decode_context_tokens(batch: Any) -> int:
     computed = getattr(batch, "num_computed_tokens", None)
     is_prefill = getattr(batch, "is_prefill", None)
     if isinstance(computed, tuple) and isinstance(is_prefill, tuple):
+        if len(computed) == len(is_prefill) == batch.num_seqs and batch.num_context_tokens == sum(computed):
+            return batch.num_context_tokens - sum(compress(computed, is_prefill))  # the few prefills, in C
         return sum(c for c, p in zip(computed, is_prefill) if not p)
     return batch.num_context_tokens
 

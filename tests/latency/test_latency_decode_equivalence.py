@@ -190,3 +190,28 @@ def test_chunk_size_of_a_numpy_pass() -> None:
     assert _chunk_size(256, 0.2, 0.0) == 256  # no estimate from an empty step
     assert _arange(10, 4, 3).tolist() == [10, 13, 16, 19]
     assert _arange(7, 3, 0).tolist() == [7, 7, 7]
+
+
+def test_decode_context_tokens_of_mixed_batches() -> None:
+    """The decodes' cached tokens of a mixed batch: total minus the prefills' (exact integers), and
+    the sum over decodes for any batch-like object whose totals do not add up."""
+    from types import SimpleNamespace
+
+    from engine.scheduler import make_batch
+    from engine.sequence import Sequence
+    from simulator.latency.base import decode_context_tokens
+
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    seqs = [Sequence(i, [3] * n, params) for i, n in enumerate((50, 70, 400, 90, 1000))]
+    computed = [49, 69, 128, 89, 0]  # decode, decode, chunk, decode, a new prompt
+    batch = make_batch(seqs, [1, 1, 100, 1, 500], computed, [0] * 5, [], 9, num_leading_decodes=2)
+    assert (batch.kind, batch.is_prefill) == ("mixed", (False, False, True, False, True))
+    assert decode_context_tokens(batch) == 49 + 69 + 89
+    odd = SimpleNamespace(
+        kind="mixed",
+        num_seqs=3,
+        num_context_tokens=999,
+        num_computed_tokens=(5, 7, 11),
+        is_prefill=(False, True, False),
+    )
+    assert decode_context_tokens(odd) == 16
