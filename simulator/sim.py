@@ -123,8 +123,8 @@ class Replica:
         owes and lands on exactly that time, as if it had waited for every step."""
         env, sched, counters = self.env, self.scheduler, self.counters
         fast_forward = sched.fast_forward if self.config.fast_forward else None
-        arrival = self.arrival
-        now, owed = env.now, []
+        arrival, chain, interval = self.arrival, self.chain_steps, self.config.timeline_interval_s
+        now, owed, segments = env.now, [], 0
         while sched.has_unfinished():
             start = self.clock
             batch, k = None, 0
@@ -150,7 +150,7 @@ class Replica:
             delay = max(0.0, end - now)
             now += delay
             owed.append(delay)
-            if now >= arrival.event_time or not self.chain_steps:
+            if now >= arrival.event_time or not chain:
                 yield from self._wait(owed, now)
                 owed = []
             self.clock = end
@@ -161,7 +161,11 @@ class Replica:
                 counters.num_steps += 1
                 counters.busy_s += step_s
                 self._finish_all(sched.postprocess(batch, [SIM_TOKEN_ID] * batch.num_seqs))
-            self._sample()
+            segments += 1
+            # a timeline sample when one is due; the ITL's size every 256 steps and runs (binning
+            # sooner or later gives the same integer counts)
+            if end - self._last_sample >= interval or not segments & 255:
+                self._sample()
         if owed:
             yield from self._wait(owed, now)
 
@@ -188,6 +192,7 @@ class Replica:
         seq.block_hashes = []
 
     def _sample(self) -> None:
+        """Bin the recorded inter-token gaps once they are many; a timeline row once one is due."""
         sched = self.scheduler
         if len(sched.itl_runs) >= 4096 or len(sched.itl_gaps) >= 65536:
             self.itl.fold(sched)
