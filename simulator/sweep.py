@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -352,23 +353,45 @@ def profile_for(profile: str, model: str, gpu: str, block_size: int, tp: int) ->
 
 
 class PromptCache:
-    """The prompts of one run context's trace, built once for all the points a process runs with it
-    (every point replays the same rows; a rate scale changes only arrival times). Only prompts of the
-    small synthetic vocabulary are kept, and only up to PROMPT_CACHE_MAX_TOKENS tokens."""
+    """The prompts of the trace a process simulates, built once for all its simulations of the same
+    rows (a sweep's points, the dashboard's jobs). It keeps one trace's: found again by what they are
+    made of (each row's request id and prompt length, the vocabulary size), or, for a trace with its
+    own token or prefix ids, by the trace object itself. Only prompts of the small synthetic
+    vocabulary (shared int objects) are kept, up to `max_tokens` tokens."""
 
     def __init__(self, max_tokens: int = PROMPT_CACHE_MAX_TOKENS) -> None:
         self.max_tokens = max_tokens
-        self._prompts: dict[int, list[list[int]] | None] = {}  # vocab size -> prompts (None: too big)
+        self._lock = threading.Lock()  # one process; a thread pool's workers may share it
+        self._key: tuple | None = None
+        self._trace: Any = None  # held while keyed by its id
+        self._prompts: list[list[int]] | None = None
 
     def get(self, trace: Any, config: SimConfig) -> list[list[int]] | None:
         """The prompts of `trace` for `config`, or None when they are not kept."""
         from traces.schema import SMALL_TOKEN_VOCAB, synthetic_vocab_size
 
         vocab = synthetic_vocab_size(config.model.vocab_size, config.block_size)
-        if vocab not in self._prompts:
-            small = vocab <= SMALL_TOKEN_VOCAB and int(trace.df["prompt_len"].sum()) <= self.max_tokens
-            self._prompts[vocab] = trace_prompts(trace, vocab) if small else None
-        return self._prompts[vocab]
+        if vocab > SMALL_TOKEN_VOCAB:
+            return None
+        key = _prompt_key(trace, vocab)
+        with self._lock:
+            if key != self._key:
+                if int(trace.df["prompt_len"].sum()) > self.max_tokens:
+                    return None
+                self._key, self._prompts = None, None  # the old ones go first
+                self._prompts = trace_prompts(trace, vocab)
+                self._key, self._trace = key, trace if key[0] == "object" else None
+            return self._prompts
+
+
+def _prompt_key(trace: Any, vocab: int) -> tuple:
+    """What a trace's synthetic prompts are made of: the request ids and prompt lengths of its rows
+    (see `Trace.token_ids_many`); a trace with token or prefix ids of its own is keyed by itself."""
+    df = trace.df
+    if trace.has_prefix_ids or "prompt_token_ids" in df.columns:
+        return ("object", id(trace), vocab)
+    ids, lens = df["request_id"].to_numpy(), df["prompt_len"].to_numpy()
+    return ("rows", vocab, str(ids.dtype), ids.tobytes(), str(lens.dtype), lens.tobytes())
 
 
 def simulate_point(
@@ -377,7 +400,7 @@ def simulate_point(
     """Simulate one point; a configuration that cannot run becomes a row with `error` set.
 
     `point` holds axis values and optionally `rate_scale` (replay that many times faster).
-    `prompts` keeps the trace's prompts between the points of one process (same context only).
+    `prompts` keeps the trace's prompts between the points that one process runs.
     """
     t0 = time.perf_counter()
     row: dict[str, Any] = {

@@ -169,7 +169,6 @@ def test_points_sharing_prompts_give_the_same_rows(tmp_path):
         {k: v for k, v in r.items() if k not in drop} for r in alone
     ]
     assert all(r["error"] is None for r in shared)
-    assert list(cache._prompts) == [256]  # blocks 16 and 32 draw from one 256-token vocabulary
 
 
 def test_prompt_cache_keeps_small_vocabularies_within_its_budget(qwen06_config):
@@ -183,6 +182,39 @@ def test_prompt_cache_keeps_small_vocabularies_within_its_budget(qwen06_config):
     assert cache.get(trace, qwen06_config(block_size=32)) is prompts  # same vocabulary: kept once
     assert cache.get(trace, qwen06_config(block_size=4)) is None  # the model's whole vocabulary
     assert sweep.PromptCache(max_tokens=11_999).get(trace, qwen06_config(block_size=16)) is None
+
+
+def test_prompt_cache_finds_the_same_rows_in_another_trace_object(qwen06_config):
+    """Keyed by request ids and prompt lengths: a copy of the trace (pickled to a worker, rate
+    scaled) finds the prompts; other rows replace them; a trace with prefix ids is keyed by itself."""
+    import pickle
+
+    import traces
+
+    config = qwen06_config(block_size=16)
+    trace = small_spec({}).trace.load()
+    cache = sweep.PromptCache()
+    prompts = cache.get(trace, config)
+    assert cache.get(pickle.loads(pickle.dumps(trace)), config) is prompts
+    assert cache.get(traces.scale_rate(trace, factor=3.0), config) is prompts
+    same_rows = traces.generate({**SMALL_GEN, "seed": 4})  # other arrivals, same ids and lengths
+    assert cache.get(same_rows, config) is prompts
+    other = traces.generate({**SMALL_GEN, "prompt": 150})
+    assert cache.get(other, config) == other.token_ids_many(0, 60, 256) != prompts
+    shared = traces.generate(
+        num_requests=30,
+        rate=5.0,
+        seed=2,
+        prompt=100,
+        output=10,
+        shared_prefix={"num_prefixes": 2, "prefix_len": 64},
+    )
+    assert shared.has_prefix_ids
+    first = cache.get(shared, config)
+    assert first == shared.token_ids_many(0, 30, 256)
+    assert cache.get(shared, config) is first
+    copy = pickle.loads(pickle.dumps(shared))
+    assert cache.get(copy, config) == first and cache.get(copy, config) is not first
 
 
 def test_simulate_checks_the_number_of_prompts(qwen06_config):
