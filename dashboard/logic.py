@@ -277,6 +277,17 @@ def run_job(trace: Trace, job: SimJob) -> SimResult:
     return run_simulation(trace, job.config, profile=job.profile)
 
 
+# The trace's prompts kept by a pool worker for its next jobs and points (the page's processes do
+# not keep them: only the `_in_worker` functions, which the pools run, use it).
+_WORKER_PROMPTS = sweep.PromptCache()
+
+
+def run_job_in_worker(trace: Trace, job: SimJob) -> SimResult:
+    """`run_job` in a pool worker: the trace's prompts are built once for the worker's jobs."""
+    prompts = _WORKER_PROMPTS.get(trace, job.config)
+    return run_simulation(trace, job.config, profile=job.profile, prompts=prompts)
+
+
 def _outcome(fn: Callable[[], SimResult]) -> SimResult | Exception:
     try:
         return fn()
@@ -291,7 +302,7 @@ def run_jobs(
     invalid yields its ValueError (with the library's message) in place of a result."""
     if executor is None or len(jobs) <= 1:
         return [_outcome(lambda j=j: run_job(trace, j)) for j in jobs]
-    futures = [executor.submit(run_job, trace, j) for j in jobs]
+    futures = [executor.submit(run_job_in_worker, trace, j) for j in jobs]
     return [_outcome(f.result) for f in futures]
 
 
@@ -519,6 +530,10 @@ def _simulate_point(ctx: sweep.RunContext, point: dict[str, Any]) -> dict[str, A
     return sweep.simulate_point(ctx, point)
 
 
+def _simulate_point_in_worker(ctx: sweep.RunContext, point: dict[str, Any]) -> dict[str, Any]:
+    return sweep.simulate_point(ctx, point, _WORKER_PROMPTS)
+
+
 def point_evaluator(
     ctx: sweep.RunContext,
     executor: Executor | None = None,
@@ -536,7 +551,7 @@ def point_evaluator(
         if executor is None or len(points) <= 1:
             got = [_simulate_point(ctx, p) for p in points]
         else:
-            got = list(executor.map(_simulate_point, [ctx] * len(points), points))
+            got = list(executor.map(_simulate_point_in_worker, [ctx] * len(points), points))
         rows.extend(got)
         return got
 

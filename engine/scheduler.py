@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import chain, compress, islice
 from operator import attrgetter, not_
 
 from engine.block_manager import ROOT_HASH, BlockManager
@@ -103,25 +103,27 @@ def make_batch(
     k = len(seqs) if all_decodes else num_leading_decodes
     if k == len(seqs) and seqs:
         return _decode_batch(seqs, computed, preempted, num_kv_blocks_used)
-    total = sum(num_new)
-    tail_seqs, tail_new, tail_computed = seqs[k:], num_new[k:], computed[k:]
-    tail_sample = [c + n == len(s.token_ids) for s, c, n in zip(tail_seqs, tail_computed, tail_new)]
-    if total - k == len(tail_seqs) and all(tail_sample):  # plain decodes: one token, sampled
-        tail_prefill: list[bool] = [False] * len(tail_seqs)
-        num_prefill_seqs = 0
-    else:
-        tail_prefill = [n > 1 or not d for n, d in zip(tail_new, tail_sample)]
-        num_prefill_seqs = sum(tail_prefill)
+    # The leading decodes need no look; the rest (usually a prefill chunk or two) in one pass.
+    tail_prefill: list[bool] = []
+    tail_sample: list[bool] = []
+    prefill_terms: list[float] = []  # new * (computed + (new + 1) / 2) of each prefill
+    num_prefill_tokens = 0
+    max_seq_len = max(computed[:k]) + 1 if k else 0  # with prefills: max of computed + new
+    for seq, c, n in zip(seqs[k:], computed[k:], num_new[k:]):
+        sample = c + n == len(seq.token_ids)
+        tail_sample.append(sample)
+        if n > 1 or not sample:
+            tail_prefill.append(True)
+            prefill_terms.append(n * (c + (n + 1) / 2))
+            num_prefill_tokens += n
+        else:
+            tail_prefill.append(False)
+        if c + n > max_seq_len:
+            max_seq_len = c + n
+    num_prefill_seqs = len(prefill_terms)
     if num_prefill_seqs:
-        pre = [(n, c) for n, c, p in zip(tail_new, tail_computed, tail_prefill) if p]
-        num_prefill_tokens = sum(n for n, _ in pre)
-        work = float(sum(n * (c + (n + 1) / 2) for n, c in pre))
         kind = "prefill" if num_prefill_seqs == len(seqs) else "mixed"
-        max_seq_len = max(c + n for c, n in zip(tail_computed, tail_new))
-        if k:  # the leading decodes: one token each
-            max_seq_len = max(max_seq_len, max(computed[:k]) + 1)
     else:
-        num_prefill_tokens, work = 0, 0.0
         kind = "decode" if seqs else "empty"
         max_seq_len = max(computed) + 1 if seqs else 0
     return ScheduledBatch(
@@ -135,12 +137,12 @@ def make_batch(
         num_kv_blocks_used=num_kv_blocks_used,
         kind=kind,
         num_prefill_seqs=num_prefill_seqs,
-        total_num_scheduled_tokens=total,
+        total_num_scheduled_tokens=sum(num_new),
         num_prefill_tokens=num_prefill_tokens,
         total_num_cached_tokens=sum(cached),
         num_context_tokens=sum(computed),
         max_seq_len=max_seq_len,
-        prefill_attn_work=work,
+        prefill_attn_work=float(sum(prefill_terms)) if num_prefill_seqs else 0.0,
     )
 
 
@@ -306,6 +308,7 @@ class Scheduler:
         gaps: dict[float, int] = {}  # previous token time -> tokens that had it
         run_last: object = _NO_TIME  # the previous token time shared by a run of sequences (most do)
         run = 0
+        num_done = len(finished)  # those before it finished outside the running queue
         for seq, token in sampled:
             tokens = seq.token_ids
             seq.num_computed_tokens = len(tokens)  # a sampling step computed every pending token
@@ -326,9 +329,18 @@ class Scheduler:
             gaps[run_last] = gaps.get(run_last, 0) + run
         if self.record_itl:
             self._record_gaps(now, gaps)
-        if finished:
-            self.running = [s for s in self.running if s.status is RUNNING]
+        if len(finished) > num_done:
+            self._remove_running(finished[num_done:])
         return finished
+
+    def _remove_running(self, done: list[Sequence]) -> None:
+        """Take the sequences `done` (finished, in `running` order) out of `running`: a few found by
+        a scan in C, many by rebuilding the list."""
+        if len(done) <= 4:
+            for seq in done:
+                self.running.remove(seq)  # Sequence compares by identity
+        else:
+            self.running = [s for s in self.running if s.status is RUNNING]
 
     def _record_gaps(self, now: float, counts: dict[float, int]) -> None:
         """Tokens sampled at `now` whose previous token came at each time in `counts`."""
@@ -384,26 +396,24 @@ class Scheduler:
         bs = self.block_manager.block_size
         computed = step.computed
         add_computed = computed.append
-        budget, first_other = step.budget, None
-        # The per-step hot loop, kept flat. Preemption pops from the end of `running`, which ends
-        # the iteration there, as it must.
-        for seq in running:
-            if budget <= 0:
-                break
+        first_other = None
+        # The per-step hot loop, kept flat: one grant of budget each (islice stops where the budget
+        # does, consuming no more of `running`). Preemption pops from the end of `running`, which
+        # ends the iteration there, as it must.
+        for seq in islice(running, max(step.budget, 0)):
             c = seq.num_computed_tokens
             if len(seq.token_ids) - c != 1:
                 first_other = seq
                 break
-            # mid-block: nothing to allocate, nothing fills
-            if not (c % bs and (c + 1) % bs) and not self._grant_blocks(seq, c + 1, step):
+            # (c + 1) % bs < 2: c opens a block or fills one; mid-block there is nothing to do
+            if (c + 1) % bs < 2 and not self._grant_blocks(seq, c + 1, step):
                 break
             add_computed(c)
-            budget -= 1
         k = len(computed)
         step.seqs = self.running[:k]  # preemption only removes sequences after the granted ones
         step.num_new = [1] * k
         step.num_leading_decodes = k
-        step.budget = budget
+        step.budget -= k
         return first_other
 
     def _schedule_others(self, step: _StepBuilder, running: Iterable[Sequence]) -> None:
@@ -417,7 +427,7 @@ class Scheduler:
             c = seq.num_computed_tokens
             n = len(seq.token_ids) - c
             if n == 1:  # a plain decode, as above
-                if not (c % bs and (c + 1) % bs) and not self._grant_blocks(seq, c + 1, step):
+                if (c + 1) % bs < 2 and not self._grant_blocks(seq, c + 1, step):
                     break
             else:
                 if n > budget:
@@ -639,16 +649,25 @@ class Scheduler:
         running = self.running
         new_tokens = [token_id] * k
         gaps: dict[float, int] = {}  # previous token time -> tokens that had it
+        run_last: object = _NO_TIME  # the previous token time of a run of sequences (most share one)
+        run = 0
         done: list[Sequence] = []
         for seq in running:
             tokens = seq.token_ids
             tokens.extend(new_tokens)
             seq.num_computed_tokens += k
             last = seq.last_token_time
-            gaps[last] = gaps.get(last, 0) + 1
+            if last is run_last:
+                run += 1
+            else:
+                if run:
+                    gaps[run_last] = gaps.get(run_last, 0) + run
+                run_last, run = last, 1
             seq.last_token_time = end
             if check_stop and len(tokens) >= seq.stop_num_tokens:  # EOS is ignored (run limit)
                 done.append(seq)
+        if run:
+            gaps[run_last] = gaps.get(run_last, 0) + run
         if self.record_itl:
             self._record_gaps(float(times[1]), gaps)
             if k > 1:
@@ -741,7 +760,7 @@ def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
     if k <= 0:
         return []
     last = block_size - k
-    return [i for i, c in enumerate(computed) if c % block_size == 0 or c % block_size >= last]
+    return [i for i, c in enumerate(computed) if not 0 < c % block_size < last]
 
 
 def _stop_reason(seq: Sequence, token: int, max_model_len: int) -> str | None:

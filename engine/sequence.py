@@ -153,16 +153,14 @@ def request_record(
 ) -> tuple:
     """The REQUEST_FIELDS row of `seq`, its times in seconds after `t0`."""
 
-    def rel(t: float | None) -> float | None:
-        return None if t is None else t - t0
-
+    first_scheduled, first_token, finish = seq.first_scheduled_time, seq.first_token_time, seq.finish_time
     return (
         request_id,
         replica,
-        rel(seq.arrival_time),
-        rel(seq.first_scheduled_time),
-        rel(seq.first_token_time),
-        rel(seq.finish_time),
+        None if seq.arrival_time is None else seq.arrival_time - t0,
+        None if first_scheduled is None else first_scheduled - t0,
+        None if first_token is None else first_token - t0,
+        None if finish is None else finish - t0,
         seq.num_prompt_tokens,
         output_len,
         seq.num_output_tokens,

@@ -110,8 +110,10 @@ def run_simulation(
     latency: LatencyModel | None = None,
     slo: SLO | None = None,
     progress: bool = False,
+    prompts: list[list[int]] | None = None,
 ) -> SimResult:
-    """Simulate `trace` on `config`: latency from `latency`, else `profile` (fitted), else roofline."""
+    """Simulate `trace` on `config`: latency from `latency`, else `profile` (fitted), else roofline.
+    `prompts`: the trace's prompts already built (`simulator.sim.trace_prompts`), if any."""
     gpu = get_gpu(config.gpu)
     if latency is None:
         latency = load_latency_model(
@@ -129,7 +131,7 @@ def run_simulation(
     if num_blocks is None:
         num_blocks = kv_blocks_per_replica(config, gpu.memory_bytes)
     with relaxed_gc():
-        run = simulate(trace, config, latency, num_blocks, progress=progress)
+        run = simulate(trace, config, latency, num_blocks, progress=progress, prompts=prompts)
     run.extra["latency_model"] = type(latency).__name__
     run.extra["profile"] = str(profile) if profile else None
     return collect(run, slo)

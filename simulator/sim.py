@@ -1,15 +1,15 @@
 """The discrete-event simulation: SimPy is the clock, the engine's own Scheduler decides every step.
 
 One arrival process replays a Trace through a router; one process per replica loops
-`schedule -> yield timeout(latency) -> postprocess`, or collapses a run of decode-only steps with the
-scheduler's exact `fast_forward`. No scheduling logic lives here.
+`schedule -> wait(latency) -> postprocess`, or collapses a run of decode-only steps with the
+scheduler's exact `fast_forward`. A replica waits in SimPy only where it could meet an arrival (its
+steps that end earlier run back to back, landing on the same times). No scheduling logic lives here.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -31,6 +31,16 @@ TIMELINE_FIELDS = ("time_s", "replica", "kv_usage", "num_running", "num_waiting"
 
 
 @dataclass
+class NextArrival:
+    """The arrival process's next request: its trace time `time` (fast-forwards stop before it) and
+    `event_time`, the SimPy time its event is scheduled at (replicas wait for SimPy from there on);
+    -inf until the arrival process first waits, inf once every request has arrived."""
+
+    time: float = math.inf
+    event_time: float = -math.inf
+
+
+@dataclass
 class SimCounters:
     num_steps: int = 0
     num_fast_forwards: int = 0
@@ -41,6 +51,10 @@ class SimCounters:
 class Replica:
     """One engine: a Scheduler over a BlockManager, advanced by the latency model's step times."""
 
+    # Compute the steps that end before the next arrival event without waiting for SimPy between
+    # them (see `_serve`); False waits after every step (the reference the tests compare with).
+    chain_steps = True
+
     def __init__(
         self,
         env: simpy.Environment,
@@ -48,7 +62,7 @@ class Replica:
         config: SimConfig,
         num_kv_blocks: int,
         latency: LatencyModel,
-        next_arrival: Callable[[], float],
+        arrival: NextArrival,
     ) -> None:
         self.env = env
         self.index = index
@@ -60,7 +74,7 @@ class Replica:
         self.clock = 0.0  # exact simulated time of this replica; env.now follows it
         self.block_manager = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config(), self.block_manager, clock=self._now)
-        self.next_arrival = next_arrival
+        self.arrival = arrival
         self.outstanding_tokens = 0  # prompt + requested output tokens of unfinished requests
         self.records: list[tuple] = []
         self.timeline: list[tuple] = []
@@ -69,13 +83,16 @@ class Replica:
         self.batch_log: list[tuple] | None = None  # per-step decisions, when asked (tests)
         self._last_sample = -math.inf
         self._wakeup: simpy.Event | None = None
+        self._params: dict[int, SamplingParams] = {}
         self.process = env.process(self.run())
 
     def _now(self) -> float:
         return self.clock
 
     def submit(self, request_id: int, prompt: list[int], output_len: int, arrival_s: float) -> Sequence:
-        params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+        params = self._params.get(output_len)
+        if params is None:  # frozen: one per output length serves every request of that length
+            params = self._params[output_len] = SamplingParams(max_tokens=output_len, ignore_eos=True)
         seq = self.scheduler.add_request(prompt, params, arrival_time=arrival_s)
         seq.user_data = (request_id, output_len)
         if seq.status is SequenceStatus.REJECTED:
@@ -87,45 +104,81 @@ class Replica:
         return seq
 
     def run(self):
-        env, sched, latency = self.env, self.scheduler, self.latency
-        counters = self.counters
+        env, sched = self.env, self.scheduler
         while True:
             if not sched.has_unfinished():
                 self._wakeup = env.event()
                 arrival_s = yield self._wakeup
                 self._wakeup = None
                 self.clock = max(self.clock, arrival_s)
-            if self.config.fast_forward:
-                k, end, finished = sched.fast_forward(
-                    self.decode_times, self.clock, self.next_arrival(), SIM_TOKEN_ID
-                )
-                if k:
-                    counters.num_fast_forwards += 1
-                    counters.num_fast_forward_steps += k
-                    counters.busy_s += end - self.clock
-                    yield env.timeout(max(0.0, end - env.now))
-                    self.clock = end
-                    self._finish_all(finished)
-                    self._sample()
+            yield from self._serve()
+
+    def _serve(self):
+        """Steps and fast-forwards while there is work.
+
+        A replica meets the rest of the simulation only at arrival events, so a step or run that ends
+        before the pending one is not waited for in SimPy: the next is computed at once. `now`
+        follows the time SimPy would be at after each wait (now + max(0, end - now)); as soon as it
+        reaches the pending arrival's event time (a tie included), the replica takes the waits it
+        owes and lands on exactly that time, as if it had waited for every step."""
+        env, sched, counters = self.env, self.scheduler, self.counters
+        fast_forward = sched.fast_forward if self.config.fast_forward else None
+        arrival, chain, interval = self.arrival, self.chain_steps, self.config.timeline_interval_s
+        now, owed, segments = env.now, [], 0
+        while sched.has_unfinished():
+            start = self.clock
+            batch, k = None, 0
+            if fast_forward is not None:
+                k, end, finished = fast_forward(self.decode_times, start, arrival.time, SIM_TOKEN_ID)
+            if k:
+                counters.num_fast_forwards += 1
+                counters.num_fast_forward_steps += k
+                counters.busy_s += end - start
+            else:
+                batch = sched.schedule()
+                if self.batch_log is not None:
+                    self.batch_log.append(batch_decisions(batch))
+                if batch.is_empty:
+                    self._finish_all(sched.postprocess(batch, ()))
+                    if sched.has_unfinished() and sched.schedule().is_empty:
+                        raise RuntimeError(
+                            f"replica {self.index}: the scheduler made no progress at t={self.clock}"
+                        )
                     continue
-            batch = sched.schedule()
-            if self.batch_log is not None:
-                self.batch_log.append(batch_decisions(batch))
-            if batch.is_empty:
-                self._finish_all(sched.postprocess(batch, ()))
-                if sched.has_unfinished() and sched.schedule().is_empty:
-                    raise RuntimeError(
-                        f"replica {self.index}: the scheduler made no progress at t={self.clock}"
-                    )
-                continue
-            step_s = latency.predict(batch).total
-            end = self.clock + step_s
-            yield env.timeout(max(0.0, end - env.now))
+                step_s = self.latency.predict(batch).total
+                end = start + step_s
+            delay = max(0.0, end - now)
+            now += delay
+            owed.append(delay)
+            if now >= arrival.event_time or not chain:
+                yield from self._wait(owed, now)
+                owed = []
             self.clock = end
-            counters.num_steps += 1
-            counters.busy_s += step_s
-            self._finish_all(sched.postprocess(batch, [SIM_TOKEN_ID] * batch.num_seqs))
-            self._sample()
+            if batch is None:
+                if finished:
+                    self._finish_all(finished)
+            else:
+                counters.num_steps += 1
+                counters.busy_s += step_s
+                self._finish_all(sched.postprocess(batch, [SIM_TOKEN_ID] * batch.num_seqs))
+            segments += 1
+            # a timeline sample when one is due; the ITL's size every 256 steps and runs (binning
+            # sooner or later gives the same integer counts)
+            if end - self._last_sample >= interval or not segments & 255:
+                self._sample()
+        if owed:
+            yield from self._wait(owed, now)
+
+    def _wait(self, delays: list[float], until: float):
+        """Wait in SimPy until `until`, the time that waiting `delays` one after the other reaches:
+        in one timeout when that lands exactly there, else one by one."""
+        env = self.env
+        total = until - env.now
+        if len(delays) > 1 and env.now + total == until:  # SimPy schedules at now + delay
+            yield env.timeout(total)
+            return
+        for delay in delays:
+            yield env.timeout(delay)
 
     def _finish_all(self, finished: list[Sequence]) -> None:
         for seq in finished:
@@ -139,6 +192,7 @@ class Replica:
         seq.block_hashes = []
 
     def _sample(self) -> None:
+        """Bin the recorded inter-token gaps once they are many; a timeline row once one is due."""
         sched = self.scheduler
         if len(sched.itl_runs) >= 4096 or len(sched.itl_gaps) >= 65536:
             self.itl.fold(sched)
@@ -179,19 +233,22 @@ def simulate(
     num_kv_blocks: int,
     progress: bool = False,
     record_batches: bool = False,
+    prompts: list[list[int]] | None = None,
 ) -> SimRun:
-    """Replay `trace` (a traces.Trace) on `config.num_replicas` replicas; return the raw run."""
+    """Replay `trace` (a traces.Trace) on `config.num_replicas` replicas; return the raw run.
+
+    `prompts`, when given, are `trace_prompts(trace, ...)` of this configuration's vocabulary, built
+    once for several runs; else they are built as requests arrive."""
     t0 = time.perf_counter()
     env = simpy.Environment()
     df = trace.df
     arrivals = df["arrival_s"].to_numpy(dtype=float).tolist()
     output_lens = df["output_len"].to_numpy().tolist()
     request_ids = df["request_id"].to_numpy().tolist()
-    state = {"next": arrivals[0] if arrivals else math.inf}
-    replicas = [
-        Replica(env, i, config, num_kv_blocks, latency, lambda: state["next"])
-        for i in range(config.num_replicas)
-    ]
+    if prompts is not None and len(prompts) != len(arrivals):
+        raise ValueError(f"prompts: {len(prompts)} given for a trace of {len(arrivals)} requests")
+    arrival = NextArrival(arrivals[0] if arrivals else math.inf)
+    replicas = [Replica(env, i, config, num_kv_blocks, latency, arrival) for i in range(config.num_replicas)]
     if record_batches:
         for replica in replicas:
             replica.batch_log = []
@@ -201,17 +258,23 @@ def simulate(
     def arrival_process():
         bar = _progress_bar(len(arrivals), progress, trace)
         for i, a in enumerate(arrivals):
-            state["next"] = a
+            arrival.time = a
             if a > env.now:
-                yield env.timeout(a - env.now)
-            state["next"] = arrivals[i + 1] if i + 1 < len(arrivals) else math.inf
-            if i % _TOKEN_CHUNK == 0:  # prompts of the next arrivals, generated together
-                chunk = trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab)
-            prompt = chunk[i % _TOKEN_CHUNK]
+                delay = a - env.now
+                arrival.event_time = env.now + delay  # where SimPy schedules the timeout
+                yield env.timeout(delay)
+            arrival.time = arrivals[i + 1] if i + 1 < len(arrivals) else math.inf
+            if prompts is not None:
+                prompt = prompts[i]
+            else:
+                if i % _TOKEN_CHUNK == 0:  # prompts of the next arrivals, generated together
+                    chunk = trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab)
+                prompt = chunk[i % _TOKEN_CHUNK]
             replica = router.choose(prompt)
             replica.submit(request_ids[i], prompt, output_lens[i], a)
             if bar is not None and i % 512 == 511:
                 bar.update(512)
+        arrival.event_time = math.inf
         if bar is not None:
             bar.update(len(arrivals) % 512)
             bar.close()
@@ -219,6 +282,15 @@ def simulate(
     env.process(arrival_process())
     env.run()
     return SimRun(config, replicas, num_kv_blocks, time.perf_counter() - t0, getattr(trace, "name", ""))
+
+
+def trace_prompts(trace, vocab_size: int) -> list[list[int]]:
+    """The prompt token ids of every row of `trace`, as a simulation builds them (a configuration's
+    vocabulary size is `synthetic_vocab_size(model vocab, block size)`)."""
+    prompts: list[list[int]] = []
+    for i in range(0, len(trace), _TOKEN_CHUNK):
+        prompts += trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab_size)
+    return prompts
 
 
 def _progress_bar(total: int, enabled: bool, trace):

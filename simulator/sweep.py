@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -34,8 +35,12 @@ from simulator.plan import (
     violations,
 )
 from simulator.run import run_simulation
+from simulator.sim import trace_prompts
 
 KEY_VERSION = 1
+# Prompts a process keeps for the points it runs (`PromptCache`): tokens of the small synthetic
+# vocabulary only (shared int objects, 8 bytes a token), up to this many (256 MB).
+PROMPT_CACHE_MAX_TOKENS = 32_000_000
 PROFILE_CHOICES = ("auto", "roofline")
 # Error types that a re-run would give again (a bad configuration); other failures are retried on resume.
 DETERMINISTIC_ERRORS = frozenset({"ValueError", "TraceError", "FileNotFoundError"})
@@ -347,10 +352,55 @@ def profile_for(profile: str, model: str, gpu: str, block_size: int, tp: int) ->
     return Path(profile)
 
 
-def simulate_point(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
+class PromptCache:
+    """The prompts of the trace a process simulates, built once for all its simulations of the same
+    rows (a sweep's points, the dashboard's jobs). It keeps one trace's: found again by what they are
+    made of (each row's request id and prompt length, the vocabulary size), or, for a trace with its
+    own token or prefix ids, by the trace object itself. Only prompts of the small synthetic
+    vocabulary (shared int objects) are kept, up to `max_tokens` tokens."""
+
+    def __init__(self, max_tokens: int = PROMPT_CACHE_MAX_TOKENS) -> None:
+        self.max_tokens = max_tokens
+        self._lock = threading.Lock()  # one process; a thread pool's workers may share it
+        self._key: tuple | None = None
+        self._trace: Any = None  # held while keyed by its id
+        self._prompts: list[list[int]] | None = None
+
+    def get(self, trace: Any, config: SimConfig) -> list[list[int]] | None:
+        """The prompts of `trace` for `config`, or None when they are not kept."""
+        from traces.schema import SMALL_TOKEN_VOCAB, synthetic_vocab_size
+
+        vocab = synthetic_vocab_size(config.model.vocab_size, config.block_size)
+        if vocab > SMALL_TOKEN_VOCAB:
+            return None
+        key = _prompt_key(trace, vocab)
+        with self._lock:
+            if key != self._key:
+                if int(trace.df["prompt_len"].sum()) > self.max_tokens:
+                    return None
+                self._key, self._prompts = None, None  # the old ones go first
+                self._prompts = trace_prompts(trace, vocab)
+                self._key, self._trace = key, trace if key[0] == "object" else None
+            return self._prompts
+
+
+def _prompt_key(trace: Any, vocab: int) -> tuple:
+    """What a trace's synthetic prompts are made of: the request ids and prompt lengths of its rows
+    (see `Trace.token_ids_many`); a trace with token or prefix ids of its own is keyed by itself."""
+    df = trace.df
+    if trace.has_prefix_ids or "prompt_token_ids" in df.columns:
+        return ("object", id(trace), vocab)
+    ids, lens = df["request_id"].to_numpy(), df["prompt_len"].to_numpy()
+    return ("rows", vocab, str(ids.dtype), ids.tobytes(), str(lens.dtype), lens.tobytes())
+
+
+def simulate_point(
+    ctx: RunContext, point: Mapping[str, Any], prompts: PromptCache | None = None
+) -> dict[str, Any]:
     """Simulate one point; a configuration that cannot run becomes a row with `error` set.
 
     `point` holds axis values and optionally `rate_scale` (replay that many times faster).
+    `prompts` keeps the trace's prompts between the points that one process runs.
     """
     t0 = time.perf_counter()
     row: dict[str, Any] = {
@@ -373,7 +423,8 @@ def simulate_point(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
         )
         latency = ctx.latency(config) if ctx.latency is not None else None
         slo = SLO.parse(ctx.slo) if ctx.slo else None
-        result = run_simulation(trace, config, profile=profile, latency=latency, slo=slo)
+        shared = prompts.get(ctx.trace, config) if prompts is not None else None
+        result = run_simulation(trace, config, profile=profile, latency=latency, slo=slo, prompts=shared)
         summary = result.summary
         row.update({k: v for k, v in summary.items() if k not in _SUMMARY_SKIP and _is_scalar(v)})
         row["profile_used"] = str(profile) if profile is not None else "roofline"
@@ -401,16 +452,17 @@ def _is_scalar(v: Any) -> bool:
 # ---- execution --------------------------------------------------------------------------------------
 
 _WORKER_CTX: RunContext | None = None
+_WORKER_PROMPTS: PromptCache | None = None
 
 
 def _init_worker(ctx: RunContext) -> None:
-    global _WORKER_CTX
-    _WORKER_CTX = ctx
+    global _WORKER_CTX, _WORKER_PROMPTS
+    _WORKER_CTX, _WORKER_PROMPTS = ctx, PromptCache()
 
 
 def _pool_task(point: Mapping[str, Any]) -> dict[str, Any]:
     assert _WORKER_CTX is not None, "worker not initialised"
-    return simulate_point(_WORKER_CTX, point)
+    return simulate_point(_WORKER_CTX, point, _WORKER_PROMPTS)
 
 
 class PointRunner:
@@ -425,6 +477,7 @@ class PointRunner:
         self.workers = workers or os.cpu_count() or 1
         self.ray_address = ray_address
         self._pool: ProcessPoolExecutor | None = None
+        self._prompts = PromptCache()  # for points run inline
         self._ray_started = False
         self._ray_ctx = None
         self._ray_task = None
@@ -462,7 +515,7 @@ class PointRunner:
             yield from self._ray(points)
         elif self.workers == 1:
             for i, p in enumerate(points):
-                yield i, simulate_point(self.ctx, p)
+                yield i, simulate_point(self.ctx, p, self._prompts)
         else:
             yield from self._local(points)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -16,7 +17,7 @@ from engine.scheduler import accumulate_decode_times
 
 KINDS = ("prefill", "decode", "mixed", "empty")
 # `decode_step_times`: steps done one by one first, then numpy passes of growing size.
-_SCALAR_STEPS = 48
+_SCALAR_STEPS = 64
 _FIRST_CHUNK = 256
 _MAX_CHUNK = 4096
 
@@ -162,7 +163,7 @@ class LatencyModelBase(ABC):
         self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
     ) -> np.ndarray:
         """`decode_step_time` over arrays of int64 totals, same operations in the same order (so the
-        same floats: numpy float64 ops are IEEE like Python's)."""
+        same floats: numpy float64 ops are IEEE like Python's), as a new array the caller may reuse."""
 
     def decode_step_times(
         self,
@@ -177,25 +178,41 @@ class LatencyModelBase(ABC):
         `accumulate_decode_times(self.decode_step_time, ...)`: times[0] = start, times[j] =
         times[j-1] + time of step j (whose context is num_context_tokens + (j-1) * num_seqs), up to
         `max_steps` steps, each starting before `deadline`. Vectorised with numpy."""
-        # Short runs (a request due soon) are cheaper step by step; then numpy, in growing chunks.
+        # Short runs (a request due soon) are cheaper step by step; then numpy, in growing passes
+        # unless the deadline is near (then step by step again).
         first = min(max_steps, _SCALAR_STEPS)
-        times = accumulate_decode_times(
-            self.decode_step_time, num_seqs, num_context_tokens, max_seq_len, first, start, deadline
-        )
+        times = self._leading_decode_times(num_seqs, num_context_tokens, max_seq_len, first, start, deadline)
         done, t = len(times) - 1, times[-1]
         chunk = _FIRST_CHUNK
         while done < max_steps and t < deadline:
-            m = min(chunk, max_steps - done)
-            js = np.arange(done, done + m, dtype=np.int64)
-            steps = self._decode_step_array(num_seqs, num_context_tokens + js * num_seqs, max_seq_len + js)
-            acc = np.cumsum(np.concatenate(([t], steps)))  # add.accumulate: sequential, like the loop
-            late = np.flatnonzero(acc[:m] >= deadline)  # a step starting at acc[i] >= deadline is not run
-            if late.size:
-                times.extend(acc[1 : late[0] + 1].tolist())
-                break
-            times.extend(acc[1:].tolist())
-            t, done, chunk = times[-1], done + m, min(4 * chunk, _MAX_CHUNK)
+            m = _chunk_size(min(chunk, max_steps - done), deadline - t, t - times[-2])
+            context, length = num_context_tokens + done * num_seqs, max_seq_len + done
+            if m <= _SCALAR_STEPS:
+                times += self._leading_decode_times(num_seqs, context, length, m, t, deadline)[1:]
+            else:
+                ends = self._decode_step_array(num_seqs, _arange(context, m, num_seqs), _arange(length, m, 1))
+                ends[0] += t  # then add.accumulate: sequential, like the loop (t + step 1, + step 2, ...)
+                np.add.accumulate(ends, out=ends)
+                late = np.flatnonzero(ends[: m - 1] >= deadline)  # step i + 2 starts at ends[i]: not run
+                times += (ends[: late[0] + 1] if late.size else ends).tolist()
+                chunk = min(4 * chunk, _MAX_CHUNK)
+            done, t = len(times) - 1, times[-1]
         return times
+
+    def _leading_decode_times(
+        self,
+        num_seqs: int,
+        num_context_tokens: int,
+        max_seq_len: int,
+        max_steps: int,
+        start: float,
+        deadline: float,
+    ) -> list[float]:
+        """The scalar phase of `decode_step_times` (at most `_SCALAR_STEPS` steps): the reference
+        loop here; models override it with the same float operations inlined, without a call a step."""
+        return accumulate_decode_times(
+            self.decode_step_time, num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
+        )
 
     def predict(self, batch: BatchShape) -> StepTime:
         kind = batch.kind
@@ -208,6 +225,22 @@ class LatencyModelBase(ABC):
         if kind == "empty":
             return ZERO_STEP
         raise ValueError(f"batch.kind: {kind!r} is not one of {list(KINDS)}")
+
+
+def _chunk_size(limit: int, time_left: float, last_step: float) -> int:
+    """Steps of the next numpy pass of `decode_step_times`: `limit`, or fewer when the deadline comes
+    first. Decode steps only grow longer, so time_left / last_step + 1 steps reach it; a pass that
+    falls short (a model whose steps shrink) is followed by another, so any size stays exact."""
+    if last_step > 0 and time_left < limit * last_step:
+        return min(limit, int(time_left / last_step) + 2)
+    return limit
+
+
+def _arange(first: int, num: int, step: int) -> np.ndarray:
+    """int64 first, first + step, ... (num values)."""
+    if step:
+        return np.arange(first, first + num * step, step, dtype=np.int64)
+    return np.full(num, first, dtype=np.int64)
 
 
 def decode_context_tokens(batch: Any) -> int:
@@ -224,6 +257,8 @@ def decode_context_tokens(batch: Any) -> int:
     computed = getattr(batch, "num_computed_tokens", None)
     is_prefill = getattr(batch, "is_prefill", None)
     if isinstance(computed, tuple) and isinstance(is_prefill, tuple):
+        if len(computed) == len(is_prefill) == batch.num_seqs and batch.num_context_tokens == sum(computed):
+            return batch.num_context_tokens - sum(compress(computed, is_prefill))  # the few prefills, in C
         return sum(c for c, p in zip(computed, is_prefill) if not p)
     return batch.num_context_tokens
 

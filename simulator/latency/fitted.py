@@ -42,7 +42,6 @@ _REQUIRED = (
     "prefill_attn_work",
 )
 TARGETS = ("auto", "gpu_time_s", "wall_time_s")
-_INLINE_STEPS = 64  # decode_step_times: steps computed in a plain loop before numpy takes over
 
 
 # ---- CUDA-graph padding ---------------------------------------------------------------------------
@@ -212,7 +211,7 @@ class FittedModel(LatencyModelBase):
             self._d0 + self._d1 * b + self._d2 * num_context_tokens + (self._d3 + self._d4 * b) * max_seq_len
         )
 
-    def decode_step_times(
+    def _leading_decode_times(
         self,
         num_seqs: int,
         num_context_tokens: int,
@@ -221,33 +220,33 @@ class FittedModel(LatencyModelBase):
         start: float,
         deadline: float,
     ) -> list[float]:
-        """As the base class, with the first steps in an inlined loop: the same float operations in
-        the same order as `decode_step_time` ((d0 + d1*b) + d2*ctx) + (d3 + d4*b)*len, without a call
-        each."""
+        """The reference loop with `decode_step_time` inlined: the same float operations in the same
+        order ((d0 + d1*b) + d2*ctx) + (d3 + d4*b)*len, without a call a step."""
         b = graph_padded_batch_size(num_seqs, self._gmax)
         base = self._d0 + self._d1 * b
         d2, d3 = self._d2, self._d3 + self._d4 * b
         times = [start]
-        t, ctx, length, done = start, num_context_tokens, max_seq_len, 0
-        limit = min(max_steps, _INLINE_STEPS)
-        while done < limit and t < deadline:
+        append = times.append
+        # counts as floats: integers, exact, and float * float is the interpreter's fast path
+        t, ctx, length, step = start, float(num_context_tokens), float(max_seq_len), float(num_seqs)
+        for _ in range(max_steps):
+            if t >= deadline:
+                break
             t = t + (base + d2 * ctx + d3 * length)
-            times.append(t)
-            ctx += num_seqs
-            length += 1
-            done += 1
-        if done == _INLINE_STEPS and done < max_steps and t < deadline:
-            rest = super().decode_step_times(num_seqs, ctx, length, max_steps - done, t, deadline)
-            times.extend(rest[1:])
+            append(t)
+            ctx += step
+            length += 1.0
         return times
 
     def _decode_step_array(
         self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
     ) -> np.ndarray:
         b = graph_padded_batch_size(num_seqs, self._gmax)
-        return (
-            self._d0 + self._d1 * b + self._d2 * num_context_tokens + (self._d3 + self._d4 * b) * max_seq_len
-        )
+        steps = num_context_tokens * self._d2
+        # in place, in decode_step_time's order (a sum's two terms commute exactly)
+        steps += self._d0 + self._d1 * b
+        steps += max_seq_len * (self._d3 + self._d4 * b)
+        return steps
 
     def _decode_parts(
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int

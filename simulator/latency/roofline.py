@@ -130,18 +130,56 @@ class RooflineModel(LatencyModelBase):
             + (self._t_step + self._t_seq * num_seqs)
         )
 
+    def _leading_decode_times(
+        self,
+        num_seqs: int,
+        num_context_tokens: int,
+        max_seq_len: int,
+        max_steps: int,
+        start: float,
+        deadline: float,
+    ) -> list[float]:
+        """The reference loop with `decode_step_time` inlined: the same float operations in the same
+        order ((linear + ctx_cost * (ctx + n)) + comm) + overhead, the terms that do not change with
+        the context computed once."""
+        linear = self._t_decode_seq_flops * num_seqs
+        if linear < self._t_weights:
+            linear = self._t_weights
+        per_token = self._t_decode_ctx
+        comm = self._t_comm_fixed + self._t_comm_token * num_seqs
+        overhead = self._t_step + self._t_seq * num_seqs
+        times = [start]
+        append = times.append
+        # token counts as floats: integers, exact, and float * float is the interpreter's fast path
+        t, tokens, step = start, float(num_context_tokens + num_seqs), float(num_seqs)
+        if comm == 0.0:  # tp = 1: adding 0.0 to a positive float changes nothing
+            for _ in range(max_steps):
+                if t >= deadline:
+                    break
+                t = t + (linear + per_token * tokens + overhead)
+                append(t)
+                tokens += step
+            return times
+        for _ in range(max_steps):
+            if t >= deadline:
+                break
+            t = t + (linear + per_token * tokens + comm + overhead)
+            append(t)
+            tokens += step
+        return times
+
     def _decode_step_array(
         self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
     ) -> np.ndarray:
         linear = self._t_decode_seq_flops * num_seqs
         if linear < self._t_weights:
             linear = self._t_weights
-        return (
-            linear
-            + self._t_decode_ctx * (num_context_tokens + num_seqs)
-            + (self._t_comm_fixed + self._t_comm_token * num_seqs)
-            + (self._t_step + self._t_seq * num_seqs)
-        )
+        steps = (num_context_tokens + num_seqs) * self._t_decode_ctx
+        # in place, in decode_step_time's order (a sum's two terms commute exactly)
+        steps += linear
+        steps += self._t_comm_fixed + self._t_comm_token * num_seqs
+        steps += self._t_step + self._t_seq * num_seqs
+        return steps
 
     def _decode_parts(
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int

@@ -486,3 +486,74 @@ def test_preempted_request_that_outgrew_the_cache_is_finished_not_stuck(policy):
             break
     assert a.finish_reason == "length"
     assert b.finish_reason == "kv_capacity"
+
+
+def _reference_batch_totals(seqs, num_new, computed, k):
+    """make_batch's fields by their definitions (CONTRACT.md), the first k grants plain decodes."""
+    sample = [True] * k + [c + n == s.num_tokens for s, c, n in list(zip(seqs, computed, num_new))[k:]]
+    prefill = [False] * k + [n > 1 or not d for n, d in list(zip(num_new, sample))[k:]]
+    pre = [(n, c) for n, c, p in zip(num_new, computed, prefill) if p]
+    if pre:
+        kind = "prefill" if len(pre) == len(seqs) else "mixed"
+        max_seq_len = max(c + n for c, n in zip(computed, num_new))
+    else:
+        kind = "decode" if seqs else "empty"
+        max_seq_len = max(computed) + 1 if seqs else 0
+    work = float(sum([n * (c + (n + 1) / 2) for n, c in pre])) if pre else 0.0
+    return (tuple(prefill), tuple(sample), kind, len(pre), sum(n for n, _ in pre), max_seq_len, work)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_make_batch_totals_match_their_definitions(seed):
+    """Random grants (decodes, chunks, finished prompts, the odd zero grant), with and without the
+    leading decodes declared: every derived field is the definition's, floats exactly."""
+    import random
+
+    rng = random.Random(seed)
+    seqs, num_new, computed = [], [], []
+    k = rng.randint(0, 6)
+    for i in range(k + rng.randint(0, 5)):
+        length = rng.randint(1, 300)
+        if i < k or rng.random() < 0.4:  # a plain decode
+            c, n = length - 1, 1
+        else:
+            c = rng.randint(0, length - 1)
+            n = rng.choice([0, 1, length - c, rng.randint(1, length - c)])
+        seqs.append(Sequence(i, tokens(i, length), LONG))
+        num_new.append(n)
+        computed.append(c)
+    cached = [0] * k + [rng.choice([0, 16]) for _ in seqs[k:]]  # hits only where a prompt starts
+    for leading in {0, k}:
+        batch = make_batch(seqs, num_new, computed, cached, [7], 5, num_leading_decodes=leading)
+        got = (
+            batch.is_prefill,
+            batch.do_sample,
+            batch.kind,
+            batch.num_prefill_seqs,
+            batch.num_prefill_tokens,
+            batch.max_seq_len,
+            batch.prefill_attn_work,
+        )
+        assert got == _reference_batch_totals(seqs, num_new, computed, leading)
+        assert batch.prefill_attn_work.hex() == got[-1].hex()
+        assert (batch.total_num_scheduled_tokens, batch.num_context_tokens) == (sum(num_new), sum(computed))
+        assert (batch.total_num_cached_tokens, batch.preempted_seq_ids) == (sum(cached), (7,))
+
+
+@pytest.mark.parametrize("num_done", [1, 4, 5, 9])
+def test_requests_finishing_together_leave_running_in_order(num_done):
+    """A step that finishes a few requests (taken out one by one) or many (the queue rebuilt)
+    leaves the others running in their order."""
+    sched, _, clock = make_scheduler(block_size=4, num_blocks=256, max_num_seqs=32)
+    short = SamplingParams(max_tokens=3, ignore_eos=True)
+    seqs = [
+        sched.add_request(tokens(10 * i, 6), short if i % 2 == 0 and i // 2 < num_done else LONG)
+        for i in range(2 * num_done + 1)
+    ]
+    finished = []
+    for _ in range(3):
+        _, done = step(sched, clock)
+        finished += done
+    assert [s.seq_id for s in finished] == [s.seq_id for s in seqs if s.sampling_params is short]
+    assert sched.running == [s for s in seqs if s.sampling_params is LONG]
+    assert all(s.status is SequenceStatus.FINISHED and s.num_output_tokens == 3 for s in finished)

@@ -142,6 +142,19 @@ def test_run_jobs_in_a_process_pool_matches_in_process(two_results):
         pd.testing.assert_frame_equal(got.requests, results[label].requests)
 
 
+def test_jobs_in_a_worker_share_prompts_and_match_in_process(two_results):
+    """A pool worker keeps the trace's prompts for its next jobs (found by rows, not by object):
+    the results equal those of jobs that build their own."""
+    import pickle
+
+    trace, jobs, results = two_results
+    for job, label in zip(jobs * 2, ("a", "b") * 2):
+        copy = pickle.loads(pickle.dumps(trace))  # as a pool receives it
+        got = logic.run_job_in_worker(copy, job)
+        pd.testing.assert_frame_equal(got.requests, results[label].requests, check_exact=True)
+        assert logic._WORKER_PROMPTS.get(trace, job.config) == trace.token_ids_many(0, len(trace), 256)
+
+
 def test_summary_table_and_best_config(two_results):
     _, _, results = two_results
     table = logic.summary_table(results, SLO(ttft_s=0.5))

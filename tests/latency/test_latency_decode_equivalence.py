@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
-from engine.config import SchedulerConfig
+from engine.config import ModelSpec, SchedulerConfig
 from engine.scheduler import Scheduler, accumulate_decode_times
 from engine.sequence import SamplingParams
-from simulator.latency import LatencyModel, StepShape
+from simulator.latency import LatencyModel, RooflineModel, StepShape
 
 
 def test_models_satisfy_protocol(latency_models: dict[str, LatencyModel]) -> None:
@@ -107,3 +107,111 @@ def test_vectorised_decode_step_times_match_the_scheduler_reference(
         )
         got = model.decode_step_times(num_seqs, context, max_len, max_steps, start, deadline)
         assert [t.hex() for t in got] == [t.hex() for t in expected], name
+
+
+def test_inlined_leading_decode_times_match_the_reference_step_by_step(
+    latency_models: dict[str, LatencyModel],
+) -> None:
+    """Each model's inlined scalar phase (`_leading_decode_times`) gives the reference loop's floats
+    exactly, whatever stops it: max_steps, a deadline at the start, a deadline mid-run."""
+    cases = [
+        (1, 0, 1, 0, 0.0, float("inf")),
+        (1, 0, 1, 64, 0.0, float("inf")),
+        (3, 4_000, 2_001, 64, 12.5, 12.5),
+        (7, 12_345, 3_000, 64, 1.0, 1.2),
+        (256, 1_000_000, 9_000, 40, 3600.0, float("inf")),
+        (600, 2_000_000, 40_000, 64, 0.1, 0.35),
+    ]
+    for name, model in latency_models.items():
+        for n, ctx, max_len, steps, start, deadline in cases:
+            expected = accumulate_decode_times(
+                model.decode_step_time, n, ctx, max_len, steps, start, deadline
+            )
+            got = model._leading_decode_times(n, ctx, max_len, steps, start, deadline)
+            assert [t.hex() for t in got] == [t.hex() for t in expected], (name, n, ctx, steps)
+
+
+def test_roofline_decode_step_times_exact_values(model: ModelSpec) -> None:
+    """Known floats for the H200 roofline of Qwen3-0.6B: 2 sequences, 100 cached tokens."""
+    roofline = RooflineModel(model, "h200")
+    times = roofline.decode_step_times(2, 100, 51, 3, 0.0, float("inf"))
+    step = roofline.decode_step_time(2, 100, 51)
+    assert times[1] == step
+    assert times == [
+        0.0,
+        step,
+        step + roofline.decode_step_time(2, 102, 52),
+        times[2] + roofline.decode_step_time(2, 104, 53),
+    ]
+    # about 2.315 ms a step
+    assert [t.hex() for t in times] == [
+        "0x0.0p+0",
+        "0x1.2f7626cb7fbadp-9",
+        "0x1.2f772758fe56bp-8",
+        "0x1.c7343bd9bb6bep-8",
+    ]
+
+
+def test_numpy_passes_sized_to_the_deadline_stay_exact(latency_models: dict[str, LatencyModel]) -> None:
+    """Runs cut by a deadline after the scalar phase: near (stepped again), far (numpy passes sized
+    to reach it), and across several passes, each equal to the reference float for float."""
+    for name, model in latency_models.items():
+        for steps in (65, 80, 129, 200, 700, 3000):
+            ref = accumulate_decode_times(
+                model.decode_step_time, 5, 7_000, 1_500, steps + 1, 1.0, float("inf")
+            )
+            deadline = (ref[steps - 1] + ref[steps]) / 2  # exactly `steps` steps start before it
+            got = model.decode_step_times(5, 7_000, 1_500, 1 << 20, 1.0, deadline)
+            assert [t.hex() for t in got] == [t.hex() for t in ref[:-1]], (name, steps)
+
+
+def test_steps_that_shrink_still_give_the_reference_times() -> None:
+    """A fit with a negative context coefficient (steps shrink as contexts grow) makes a deadline-
+    sized numpy pass fall short: another pass follows and the times stay exact."""
+    from simulator.latency.fitted import DECODE_FEATURES, PREFILL_FEATURES, FittedModel, LinearFit
+
+    decode = LinearFit(DECODE_FEATURES, (2e-3, 2e-5, -1e-8, 1e-7, 2e-9))
+    prefill = LinearFit(PREFILL_FEATURES, (3e-3, 2.5e-6, 1e-10, 2e-8, 5e-5, 1e-5))
+    model = FittedModel(decode, prefill, max_graph_batch_size=256)
+    ref = accumulate_decode_times(model.decode_step_time, 64, 100_000, 3_000, 2001, 0.0, float("inf"))
+    assert 0 < ref[2000] - ref[1999] < ref[1] - ref[0]  # about 2.96 ms, then 0.4 us less each step
+    deadline = (ref[1999] + ref[2000]) / 2
+    got = model.decode_step_times(64, 100_000, 3_000, 1 << 20, 0.0, deadline)
+    assert [t.hex() for t in got] == [t.hex() for t in ref[:-1]]
+
+
+def test_chunk_size_of_a_numpy_pass() -> None:
+    from simulator.latency.base import _arange, _chunk_size
+
+    assert _chunk_size(256, float("inf"), 0.002) == 256  # no deadline
+    assert _chunk_size(256, 1.0, 0.002) == 256  # the deadline is 500 steps away
+    assert _chunk_size(256, 0.2, 0.002) == 102  # 100 steps away: 100 + 2
+    assert _chunk_size(256, 0.0001, 0.002) == 2
+    assert _chunk_size(256, 0.2, 0.0) == 256  # no estimate from an empty step
+    assert _arange(10, 4, 3).tolist() == [10, 13, 16, 19]
+    assert _arange(7, 3, 0).tolist() == [7, 7, 7]
+
+
+def test_decode_context_tokens_of_mixed_batches() -> None:
+    """The decodes' cached tokens of a mixed batch: total minus the prefills' (exact integers), and
+    the sum over decodes for any batch-like object whose totals do not add up."""
+    from types import SimpleNamespace
+
+    from engine.scheduler import make_batch
+    from engine.sequence import Sequence
+    from simulator.latency.base import decode_context_tokens
+
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    seqs = [Sequence(i, [3] * n, params) for i, n in enumerate((50, 70, 400, 90, 1000))]
+    computed = [49, 69, 128, 89, 0]  # decode, decode, chunk, decode, a new prompt
+    batch = make_batch(seqs, [1, 1, 100, 1, 500], computed, [0] * 5, [], 9, num_leading_decodes=2)
+    assert (batch.kind, batch.is_prefill) == ("mixed", (False, False, True, False, True))
+    assert decode_context_tokens(batch) == 49 + 69 + 89
+    odd = SimpleNamespace(
+        kind="mixed",
+        num_seqs=3,
+        num_context_tokens=999,
+        num_computed_tokens=(5, 7, 11),
+        is_prefill=(False, True, False),
+    )
+    assert decode_context_tokens(odd) == 16

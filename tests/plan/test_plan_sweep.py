@@ -153,3 +153,86 @@ def test_a_process_pool_and_ray_give_the_same_rows_as_inline(tmp_path):
     finally:
         ray.shutdown()
     pd.testing.assert_frame_equal(_rows(tmp_path / "ray.parquet"), inline)
+
+
+def test_points_sharing_prompts_give_the_same_rows(tmp_path):
+    """A process keeps the trace's prompts between points (PromptCache): the rows equal those of
+    points that build their own, rate-scaled points included."""
+    spec = small_spec({"block_size": [16, 32], "max_num_seqs": [4, 64]})
+    ctx = spec.context()
+    cache = sweep.PromptCache()
+    points = [{**p, "rate_scale": s} for p in spec.points() for s in (None, 3.0)]
+    shared = [sweep.simulate_point(ctx, p, cache) for p in points]
+    alone = [sweep.simulate_point(ctx, p) for p in points]
+    drop = set(TIMING)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in shared] == [
+        {k: v for k, v in r.items() if k not in drop} for r in alone
+    ]
+    assert all(r["error"] is None for r in shared)
+
+
+def test_prompt_cache_keeps_small_vocabularies_within_its_budget(qwen06_config):
+    from simulator.sim import trace_prompts
+
+    trace = small_spec({}).trace.load()  # 60 requests of 200 tokens: 12,000 tokens
+    cache = sweep.PromptCache()
+    prompts = cache.get(trace, qwen06_config(block_size=16))
+    assert prompts == trace_prompts(trace, 256) == trace.token_ids_many(0, 60, 256)
+    assert len(prompts) == 60 and all(len(p) == 200 for p in prompts)
+    assert cache.get(trace, qwen06_config(block_size=32)) is prompts  # same vocabulary: kept once
+    assert cache.get(trace, qwen06_config(block_size=4)) is None  # the model's whole vocabulary
+    assert sweep.PromptCache(max_tokens=11_999).get(trace, qwen06_config(block_size=16)) is None
+
+
+def test_prompt_cache_finds_the_same_rows_in_another_trace_object(qwen06_config):
+    """Keyed by request ids and prompt lengths: a copy of the trace (pickled to a worker, rate
+    scaled) finds the prompts; other rows replace them; a trace with prefix ids is keyed by itself."""
+    import pickle
+
+    import traces
+
+    config = qwen06_config(block_size=16)
+    trace = small_spec({}).trace.load()
+    cache = sweep.PromptCache()
+    prompts = cache.get(trace, config)
+    assert cache.get(pickle.loads(pickle.dumps(trace)), config) is prompts
+    assert cache.get(traces.scale_rate(trace, factor=3.0), config) is prompts
+    same_rows = traces.generate({**SMALL_GEN, "seed": 4})  # other arrivals, same ids and lengths
+    assert cache.get(same_rows, config) is prompts
+    other = traces.generate({**SMALL_GEN, "prompt": 150})
+    assert cache.get(other, config) == other.token_ids_many(0, 60, 256) != prompts
+    shared = traces.generate(
+        num_requests=30,
+        rate=5.0,
+        seed=2,
+        prompt=100,
+        output=10,
+        shared_prefix={"num_prefixes": 2, "prefix_len": 64},
+    )
+    assert shared.has_prefix_ids
+    first = cache.get(shared, config)
+    assert first == shared.token_ids_many(0, 30, 256)
+    assert cache.get(shared, config) is first
+    copy = pickle.loads(pickle.dumps(shared))
+    assert cache.get(copy, config) == first and cache.get(copy, config) is not first
+
+
+def test_simulate_checks_the_number_of_prompts(qwen06_config):
+    from simulator.latency.roofline import RooflineModel
+    from simulator.sim import simulate
+
+    trace = small_spec({}).trace.load()
+    config = qwen06_config(block_size=16)
+    with pytest.raises(ValueError, match="prompts: 59 given for a trace of 60 requests"):
+        simulate(trace, config, RooflineModel(config.model, config.gpu), 1000, prompts=[[1]] * 59)
+
+
+@pytest.fixture
+def qwen06_config():
+    from simulator.config import SimConfig
+    from simulator.models import resolve_model
+
+    def make(**kw):
+        return SimConfig(model=resolve_model("qwen3-0.6b"), **kw)
+
+    return make

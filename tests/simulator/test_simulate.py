@@ -1,5 +1,7 @@
 """Simulator behaviour: exact fast-forward, determinism, rejections, routers, bad input."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -145,3 +147,79 @@ def test_relaxed_gc_restores_the_collector():
     with pytest.raises(RuntimeError), relaxed_gc((999, 1, 1)):
         raise RuntimeError("a failed simulation")
     assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+
+
+def _counting_waits(monkeypatch):
+    """Count the SimPy timeouts replicas take (Replica._wait), keeping its behaviour."""
+    from simulator.sim import Replica
+
+    counts = {"waits": 0}
+    wait = Replica._wait
+
+    def counted(self, delays, until):
+        counts["waits"] += 1
+        return wait(self, delays, until)
+
+    monkeypatch.setattr(Replica, "_wait", counted)
+    return counts
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+@pytest.mark.parametrize(
+    "replicas,router,policy",
+    [
+        (1, "round_robin", "chunked"),
+        (3, "least_outstanding", "prefill_first"),
+        (2, "prefix_aware", "chunked"),
+    ],
+)
+def test_chained_steps_equal_waiting_after_every_step(
+    prefix_trace, small_config, monkeypatch, fast_forward, replicas, router, policy
+):
+    """Steps and runs that end before the next arrival are computed without waiting for SimPy in
+    between; every table, the ITL and the counters equal those of a replica that waits each time."""
+    from simulator.sim import Replica
+
+    config = small_config(num_replicas=replicas, router=router, policy=policy, fast_forward=fast_forward)
+    counts = _counting_waits(monkeypatch)
+    chained = _run(prefix_trace, config)
+    chained_waits = counts["waits"]
+    monkeypatch.setattr(Replica, "chain_steps", False)
+    counts["waits"] = 0
+    waited = _run(prefix_trace, config)
+    pd.testing.assert_frame_equal(chained.requests, waited.requests, check_exact=True)
+    pd.testing.assert_frame_equal(chained.timeline, waited.timeline, check_exact=True)
+    assert np.array_equal(chained.itl[0], waited.itl[0]) and np.array_equal(chained.itl[1], waited.itl[1])
+    skip = {"sim_wall_s", "sim_speedup"}
+    assert {k: v for k, v in chained.summary.items() if k not in skip} == {
+        k: v for k, v in waited.summary.items() if k not in skip
+    }
+    assert chained_waits < 0.8 * counts["waits"]  # many steps end before the next arrival here
+
+
+def test_wait_lands_exactly_where_one_wait_per_step_would():
+    """Replica._wait: one SimPy timeout when now + (until - now) is exactly `until`, else one per
+    delay, so the replica resumes at the very float that waiting after every step gives."""
+    import simpy
+
+    from simulator.sim import Replica
+
+    def waits(start: float, delays: list[float]) -> tuple[float, int]:
+        env = simpy.Environment(initial_time=start)
+        taken = []
+        timeout = env.timeout
+        env.timeout = lambda d: (taken.append(d), timeout(d))[1]
+        until = start
+        for d in delays:
+            until += d
+        env.process(Replica._wait(SimpleNamespace(env=env), delays, until))
+        env.run()
+        assert env.now == until
+        return env.now, len(taken)
+
+    # 0.949... + (48.42... - 0.949...) is not 48.42... in floats: one timeout per delay
+    start, d1, d2 = 0.9492279489729363, 8.662105418580179, 38.81044914929678
+    assert start + (((start + d1) + d2) - start) != (start + d1) + d2
+    assert waits(start, [d1, d2]) == ((start + d1) + d2, 2)
+    assert waits(0.5, [0.25, 0.125]) == (0.875, 1)  # exact: one timeout
+    assert waits(0.5, [0.25]) == (0.75, 1)
