@@ -185,6 +185,19 @@ def request_fields(seq: Sequence) -> tuple:
     )
 
 
+def seq(seq_id: int, tokens: list[int]) -> Sequence:
+    return Sequence(seq_id, tokens, SamplingParams(ignore_eos=True))
+
+
+def admit(bm: BlockManager, s: Sequence) -> list[int]:
+    """What the scheduler does for a whole-prompt admission: look up, allocate, account, compute."""
+    hits = bm.lookup_prefix(s)
+    assert bm.allocate_slots(s, s.num_tokens, hits)
+    bm.record_prefix_query(s.num_tokens, len(hits) * bm.block_size)
+    s.num_computed_tokens = s.num_tokens
+    return hits
+
+
 def block_manager_state(bm: BlockManager) -> tuple:
     return (
         bm.num_prefix_hit_tokens,

@@ -6,25 +6,12 @@ without a cached prefix go to the front and cached ones to the back; allocation 
 """
 
 import pytest
-from cp_helpers import block_tokens, make_scheduler
+from cp_helpers import admit, block_tokens, make_scheduler, seq
 
 from engine.block_manager import BlockManager
 from engine.sequence import SamplingParams, Sequence
 
 GREEDY_ONE = SamplingParams(max_tokens=1, ignore_eos=True)
-
-
-def seq(seq_id: int, tokens: list[int]) -> Sequence:
-    return Sequence(seq_id, tokens, SamplingParams(ignore_eos=True))
-
-
-def admit(bm: BlockManager, s: Sequence) -> list[int]:
-    """What the scheduler does for a whole-prompt admission: look up, allocate, account, compute."""
-    hits = bm.lookup_prefix(s)
-    assert bm.allocate_slots(s, s.num_tokens, hits)
-    bm.record_prefix_query(s.num_tokens, len(hits) * bm.block_size)
-    s.num_computed_tokens = s.num_tokens
-    return hits
 
 
 def check_consistent(bm: BlockManager, *holders: Sequence) -> None:

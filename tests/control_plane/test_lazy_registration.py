@@ -9,23 +9,10 @@ evictions and, at the end, hashes and cached tokens.
 
 from __future__ import annotations
 
-from cp_helpers import allocation_state, batch_summary, block_manager_state, make_scheduler
+from cp_helpers import admit, allocation_state, batch_summary, block_manager_state, make_scheduler, seq
 
 from engine.block_manager import BlockManager
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
-
-
-def seq(seq_id: int, tokens: list[int]) -> Sequence:
-    return Sequence(seq_id, tokens, SamplingParams(ignore_eos=True))
-
-
-def admit(bm: BlockManager, s: Sequence) -> list[int]:
-    """A whole-prompt admission: look up, allocate, account, compute."""
-    hits = bm.lookup_prefix(s)
-    assert bm.allocate_slots(s, s.num_tokens, hits)
-    bm.record_prefix_query(s.num_tokens, len(hits) * bm.block_size)
-    s.num_computed_tokens = s.num_tokens
-    return hits
+from engine.sequence import SamplingParams, SequenceStatus
 
 
 def lazy_and_eager(num_blocks: int, block_size: int) -> tuple[BlockManager, BlockManager]:

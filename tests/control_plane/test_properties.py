@@ -127,10 +127,9 @@ def check_batch(sched, batch) -> None:
     assert batch.kind == "empty" if batch.is_empty else kinds.get(batch.kind, True)
 
 
-def run_case(case: Case) -> tuple[list[tuple], list[tuple], int]:
-    """Drive `case` to completion, checking invariants; returns (step summaries, requests, steps)."""
-    clock = ManualClock()
-    sched, bm, _ = make_scheduler(
+def case_scheduler(case: Case, **kw) -> tuple:
+    """(scheduler, block manager, clock) configured as `case` says; `kw` passes on to make_scheduler."""
+    return make_scheduler(
         block_size=case.block_size,
         num_blocks=case.num_blocks,
         enable_prefix_caching=case.enable_prefix_caching,
@@ -138,8 +137,14 @@ def run_case(case: Case) -> tuple[list[tuple], list[tuple], int]:
         max_num_seqs=case.max_num_seqs,
         max_num_batched_tokens=case.max_num_batched_tokens,
         max_model_len=case.max_model_len,
-        clock=clock,
+        **kw,
     )
+
+
+def run_case(case: Case) -> tuple[list[tuple], list[tuple], int]:
+    """Drive `case` to completion, checking invariants; returns (step summaries, requests, steps)."""
+    clock = ManualClock()
+    sched, bm, _ = case_scheduler(case, clock=clock)
     pending = list(case.requests)
     seqs, summaries = [], []
     # every request needs at most prompt + max_tokens steps alone; recompute after preemption can
@@ -236,19 +241,7 @@ def test_block_manager_invariants_under_random_operations(case, seed):
 # ---- lazy registration against eager registration ------------------------------------------------------
 def lockstep_schedulers(case: Case) -> list[tuple]:
     """(scheduler, block manager, clock) with lazy registration, then with eager registration."""
-    return [
-        make_scheduler(
-            block_size=case.block_size,
-            num_blocks=case.num_blocks,
-            enable_prefix_caching=case.enable_prefix_caching,
-            policy=case.policy,
-            max_num_seqs=case.max_num_seqs,
-            max_num_batched_tokens=case.max_num_batched_tokens,
-            max_model_len=case.max_model_len,
-            lazy_registration=lazy,
-        )
-        for lazy in (True, False)
-    ]
+    return [case_scheduler(case, lazy_registration=lazy) for lazy in (True, False)]
 
 
 @SETTINGS
