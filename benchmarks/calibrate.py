@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint import make_random_checkpoint
-from engine.cli import PRESET_ARCH, _version, profile_report
+from engine.cli import PRESET_ARCH, _split_kv, _version, profile_report
 from engine.llm import LLM
 from engine.profiling import run_profile
 from engine.replay import gpu_name, replay_trace, write_replay
@@ -101,6 +101,7 @@ def calibrate(args, ckpt: Path, gpu: str, block_size: int, replays, out: Path) -
         engine_version=_version(),
         num_kv_blocks=blocks,
         target="wall_time_s",
+        split_kv=_split_kv(llm),
         extra={
             "model_name": args.preset,
             "policy": "chunked",

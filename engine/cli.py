@@ -100,6 +100,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             engine_version=_version(),
             num_kv_blocks=llm.cache_config.num_blocks,
             target=args.target,
+            split_kv=_split_kv(llm),
             extra={
                 "model_name": name,
                 "policy": args.policy,
@@ -112,6 +113,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(profile_report(profile))
     print(f"wrote {out}")
     return 0
+
+
+def _split_kv(llm):
+    """The engine's decode split policy as the fitted model takes it (None: no split-KV kernel)."""
+    from simulator.latency.fitted import SplitKV
+
+    fields = llm.decode_split_kv()
+    return SplitKV(**fields) if fields else None
 
 
 def profile_report(profile) -> str:

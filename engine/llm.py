@@ -146,6 +146,18 @@ class LLM:
             "prefill_graphs": "piecewise" if self.runner.piecewise is not None else "eager",
         }
 
+    def decode_split_kv(self) -> dict[str, int] | None:
+        """How decode attention splits each sequence's KV, for the fitted latency model
+        (`simulator.latency.SplitKV`): kv heads per rank and the GPU's SMs when decode runs the
+        Triton split-KV kernel (`engine.decode_splits`); None for kernels that do not split."""
+        backend = self.runner.backend
+        if getattr(backend, "decode_kernel", None) != "triton":
+            return None
+        return {
+            "num_kv_heads": self.spec.num_kv_heads // self.parallel_config.tensor_parallel_size,
+            "num_sms": backend.num_sms(),
+        }
+
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
         """Free the model, the KV cache and the graphs; stop and join the other ranks (idempotent)."""

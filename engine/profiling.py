@@ -2,9 +2,11 @@
 
 Decode batches over a grid of batch sizes and contexts (distinct prompts: shared ones would read
 their KV from L2 and look cheaper than serving), decode batches whose lengths spread as serving's do
-(a longest sequence ~3.5x the mean), prefill chunks with and without cached prefixes,
-mixed steps (decodes plus a prefill chunk), then two short synthetic-traffic replays so the serving
-loop's own shapes are in the fit. All of it goes through `LLM` exactly as serving does.
+(a longest sequence ~3.5x the mean), the same over a nearly full cache (serving near saturation:
+large batches, the shortest sequences shorter), prefill chunks with and without cached prefixes,
+mixed steps (decodes plus a prefill chunk, also over a full cache), then two short synthetic-traffic
+replays so the serving loop's own shapes are in the fit. All of it goes through `LLM` exactly as
+serving does.
 """
 
 from __future__ import annotations
@@ -25,13 +27,21 @@ DECODE_STEPS = 40
 class Workload:
     kind: str  # "decode" | "decode_spread" | "prefill" | "prefill_cached" | "mixed"
     num_seqs: int
-    prompt_len: int  # decode_spread: the longest prompt (the others spread geometrically down to 128)
+    prompt_len: int  # spread prompts: the longest (the others spread geometrically down to `shortest`)
     max_tokens: int
     shared_prefix_len: int = 0
     chunk_len: int = 0  # mixed: prompt length of the requests that join the running decodes
+    shortest: int = 0  # > 0: prompts spread geometrically from this to prompt_len (decode_spread, mixed)
 
 
-def design(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, kv_tokens: int, policy: str):
+def design(
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    kv_tokens: int,
+    policy: str,
+    block_size: int = 16,
+):
     """The sweep: every workload fits the KV cache and the batch limits."""
     batches = [b for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b <= max_num_seqs]
     contexts = [c for c in (128, 512, 1024, 2048, 4096) if c + DECODE_STEPS < max_model_len]
@@ -42,13 +52,16 @@ def design(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, k
         if b * (c + DECODE_STEPS) <= 0.8 * kv_tokens
     ]
     out += [
-        Workload("decode_spread", b, c, DECODE_STEPS)
+        Workload("decode_spread", b, c, DECODE_STEPS, shortest=128)
         for c in (2048, 4096)
         for b in (16, 32, 64, 96, 128, 192, 256)
         if c + DECODE_STEPS < max_model_len
         and b <= max_num_seqs
         and sum(spread_lengths(b, c)) + b * DECODE_STEPS <= 0.9 * kv_tokens
     ]
+    out += full_cache_workloads(
+        max_num_seqs, max_num_batched_tokens, max_model_len, kv_tokens, policy, block_size
+    )
     lengths = [
         n
         for n in (16, 64, 256, 1024, 2048, 4096, 8192, 16384)
@@ -73,6 +86,50 @@ def design(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, k
     return out
 
 
+def full_cache_workloads(
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    kv_tokens: int,
+    policy: str,
+    block_size: int = 16,
+) -> list[Workload]:
+    """Serving near saturation: decode batches (and, chunked, mixed steps) whose spread lengths fill
+    the cache but for room to decode (`fill_shortest`): ~90 % less a block and the steps' tokens per
+    sequence."""
+    out = []
+    for longest in (2048, 4096, 8192):
+        for b in (64, 96, 128, 160, 192, 256):
+            if b > max_num_seqs or longest + DECODE_STEPS >= max_model_len:
+                continue
+            budget = int(0.9 * kv_tokens) - b * (DECODE_STEPS + block_size)
+            shortest = fill_shortest(b, longest, budget)
+            if shortest is None:
+                continue
+            out.append(Workload("decode_spread", b, longest, DECODE_STEPS, shortest=shortest))
+            if policy == "chunked" and longest == 4096 and b in (64, 128):
+                for n in (512, 2048):
+                    if n <= max_num_batched_tokens:
+                        out.append(Workload("mixed", b, longest, 32, chunk_len=n, shortest=shortest))
+    return out
+
+
+def fill_shortest(num_seqs: int, longest: int, budget: int, floor: int = 16) -> int | None:
+    """The largest shortest length s in [floor, longest] whose geometric spread s..longest over
+    `num_seqs` prompts sums to at most `budget`; None when even `floor` goes over or when the
+    uniform batch (s = longest) stays under it (that batch cannot fill the cache)."""
+    if sum(spread_lengths(num_seqs, longest, floor)) > budget or num_seqs * longest <= budget:
+        return None
+    lo, hi = floor, longest  # sum(lo) <= budget < sum(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if sum(spread_lengths(num_seqs, longest, mid)) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def spread_lengths(num_seqs: int, longest: int, shortest: int = 128) -> list[int]:
     """Prompt lengths spread geometrically from `shortest` to `longest` (serving-like skew)."""
     if num_seqs == 1:
@@ -82,8 +139,8 @@ def spread_lengths(num_seqs: int, longest: int, shortest: int = 128) -> list[int
 
 def _prompts(rng: np.random.Generator, w: Workload, vocab: int) -> list[list[int]]:
     prefix = rng.integers(0, vocab, w.shared_prefix_len).tolist()
-    if w.kind == "decode_spread":
-        lengths = spread_lengths(w.num_seqs, w.prompt_len)
+    if w.shortest:
+        lengths = spread_lengths(w.num_seqs, w.prompt_len, w.shortest)
     else:
         lengths = [w.prompt_len] * w.num_seqs
     return [prefix + rng.integers(0, vocab, n).tolist() for n in lengths]
@@ -132,7 +189,14 @@ def run_profile(
     synthetic-traffic replays); return its step records."""
     cfg = llm.scheduler_config
     kv_tokens = llm.cache_config.num_blocks * llm.cache_config.block_size
-    work = design(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, kv_tokens, cfg.policy)
+    work = design(
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.max_model_len,
+        kv_tokens,
+        cfg.policy,
+        llm.cache_config.block_size,
+    )
     rng = np.random.default_rng(seed)
     vocab = min(llm.spec.vocab_size, 100_000)
     t0 = time.perf_counter()

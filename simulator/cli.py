@@ -135,6 +135,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_split_kv(text: str):
+    """--split-kv: 'none' or KV_HEADS:SMS."""
+    from simulator.latency.fitted import SplitKV
+
+    if text.strip().lower() == "none":
+        return None
+    try:
+        heads, sms = (int(x) for x in text.split(":"))
+        return SplitKV(heads, sms)
+    except ValueError as e:
+        detail = str(e) if str(e).startswith("split_kv") else "expected KV_HEADS:SMS, e.g. 8:132"
+        raise ValueError(f"--split-kv: {text!r}: {detail}, 'none' or 'like'") from None
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -156,6 +170,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         num_kv_blocks=like.num_kv_blocks,
         target=args.target,
         loss=args.loss,
+        split_kv=like.split_kv if args.split_kv == "like" else parse_split_kv(args.split_kv),
         extra={**like.extra, "records": Path(args.records).name, "refit_of": Path(args.like).name},
     )
     profile.save(args.out)
@@ -189,8 +204,20 @@ def build_parser() -> argparse.ArgumentParser:
     fit = sub.add_parser("fit", help="fit a latency profile on engine step records (metadata from --like)")
     fit.add_argument("--records", required=True, help="step records Parquet (kvplan profile --records)")
     fit.add_argument("--like", required=True, help="profile JSON whose model/GPU/limits metadata to keep")
-    fit.add_argument("--loss", default="absolute", choices=["absolute", "relative"])
+    fit.add_argument(
+        "--loss",
+        default="absolute",
+        choices=["absolute", "relative", "median"],
+        help="squared seconds (default), squared relative error, or absolute seconds (robust to slow phases)",
+    )
     fit.add_argument("--target", default="wall_time_s", choices=["wall_time_s", "gpu_time_s"])
+    fit.add_argument(
+        "--split-kv",
+        default="like",
+        help="how the engine's decode kernel split each sequence's KV: KV_HEADS:SMS (kv heads per TP rank, "
+        "GPU SMs; the Triton split-KV kernel, e.g. 8:132 for Qwen3 on an H200), 'none', or 'like' (default: "
+        "--like's)",
+    )
     fit.add_argument("--out", required=True)
     fit.set_defaults(func=cmd_fit)
     for module in _PLUGINS:

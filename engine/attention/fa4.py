@@ -112,6 +112,15 @@ class FlashAttnCuteBackend(AttentionBackend):
         )
         return self.decode_fn(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits)
 
+    def num_sms(self) -> int:
+        """SMs of the GPU the Triton decode kernel splits for (the current CUDA device; 132 off the GPU)."""
+        if self._num_sms is None:
+            cuda = torch.cuda.is_available()
+            self._num_sms = _num_sms(
+                torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+            )
+        return self._num_sms
+
     def compile_count(self) -> int:
         cache = getattr(self._cache_owner, "compile_cache", None)
         entries = getattr(cache, "cache", cache)  # flash_attn.cute wraps its dict in a JITCache

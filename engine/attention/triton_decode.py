@@ -7,29 +7,12 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_SPLITS = 32  # cap of choose_num_splits; also the merge kernel's chunk of splits
-WAVES = 2  # choose_num_splits aims at this many programs per SM
-MIN_SPLIT_TOKENS = 64  # a split covers whole pages and at least this many tokens
+from engine.decode_splits import MAX_SPLITS, choose_num_splits, split_unit  # noqa: F401 (re-exported)
+
 NUM_WARPS = 4
 NUM_STAGES = 2
 
 Workspace = tuple[torch.Tensor, torch.Tensor]  # partial outputs [B, H, S, D] fp32, their LSE [B, H, S]
-
-
-def split_unit(block_size: int) -> int:
-    """Tokens of the unit that splits are made of: one page, or MIN_SPLIT_TOKENS for small pages."""
-    return max(block_size, MIN_SPLIT_TOKENS)
-
-
-def choose_num_splits(
-    batch: int, num_kv_heads: int, max_context: int, block_size: int, num_sms: int = 132
-) -> int:
-    """Splits per sequence so that the stage-1 grid (batch x kv heads x splits) fills about WAVES
-    programs per SM, at most MAX_SPLITS and at most one split per unit of `max_context`."""
-    programs = max(1, batch * num_kv_heads)
-    wanted = -(-WAVES * num_sms // programs)
-    units = -(-max_context // split_unit(block_size))
-    return max(1, min(wanted, MAX_SPLITS, units))
 
 
 def make_workspace(

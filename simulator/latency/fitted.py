@@ -13,12 +13,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from engine.decode_splits import num_splits_for_batch
 from engine.scheduler import STEP_RECORD_COLUMNS
 from simulator.latency.base import BatchShape, LatencyModelBase, StepTime
 
-DECODE_FEATURES = ("const", "batch_size", "num_context_tokens", "max_seq_len", "batch_x_max_seq_len")
-# Profiles fitted before batch_x_max_seq_len existed load with its coefficient 0.
-LEGACY_DECODE_FEATURES = DECODE_FEATURES[:4]
+DECODE_FEATURES = (
+    "const",
+    "batch_size",
+    "num_context_tokens",
+    "max_seq_len",
+    "batch_x_max_seq_len",
+    "longest_split",
+)
+# Profiles fitted before batch_x_max_seq_len or longest_split existed load with their coefficients 0.
+LEGACY_DECODE_FEATURES = (DECODE_FEATURES[:4], DECODE_FEATURES[:5])
 PREFILL_FEATURES = (
     "const",
     "total_num_scheduled_tokens",
@@ -28,7 +36,7 @@ PREFILL_FEATURES = (
     "num_decode_seqs",
 )
 # Which StepTime part each feature's contribution is reported under (communication is folded in).
-DECODE_PARTS = ("overhead", "linear", "attention", "attention", "attention")
+DECODE_PARTS = ("overhead", "linear", "attention", "attention", "attention", "attention")
 PREFILL_PARTS = ("overhead", "linear", "attention", "attention", "overhead", "overhead")
 
 RECORD_COLUMNS = STEP_RECORD_COLUMNS
@@ -142,6 +150,30 @@ class LinearFit:
 
 
 @dataclass(frozen=True)
+class SplitKV:
+    """A decode kernel that splits each sequence's KV over `num_splits` programs, chosen by batch size
+    as the engine's Triton split-KV kernel does (`engine.decode_splits`): its longest program reads
+    about max_seq_len / num_splits tokens. Per TP rank: kv heads of one rank, SMs of one GPU."""
+
+    num_kv_heads: int
+    num_sms: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_kv_heads", "num_sms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"split_kv.{name}: must be a positive integer, got {value!r}")
+
+    def num_splits(self, padded_batch_size: int) -> int:
+        return num_splits_for_batch(padded_batch_size, self.num_kv_heads, self.num_sms)
+
+
+def longest_split_divisor(split_kv: SplitKV | None, padded_batch_size: int) -> int:
+    """What max_seq_len is divided by for the longest_split feature: the kernel's splits, else 1."""
+    return split_kv.num_splits(padded_batch_size) if split_kv is not None else 1
+
+
+@dataclass(frozen=True)
 class FitSummary:
     """What a fit was trained on."""
 
@@ -162,6 +194,8 @@ class FittedModel(LatencyModelBase):
     decode:  c0 + c1 * padded batch size + c2 * num_context_tokens + c3 * max_seq_len
              + c4 * padded batch size * max_seq_len (KV read as if every sequence were the longest:
                decode kernels that give each sequence its own programs wait for the longest one)
+             + c5 * max_seq_len / splits (the longest program of a split-KV kernel, `split_kv`;
+               splits = 1 without one, and the fit leaves c5 at 0)
     prefill/mixed: c0 + c1 * new tokens + c2 * prefill_attn_work + c3 * num_context_tokens
                    + c4 * num_seqs + c5 * num_decode_seqs
     The padded batch size is the CUDA-graph size a decode step runs at (`graph_padded_batch_size`
@@ -175,9 +209,11 @@ class FittedModel(LatencyModelBase):
         max_graph_batch_size: int = 0,
         summary: FitSummary | None = None,
         profile: Any = None,
+        split_kv: SplitKV | None = None,
     ) -> None:
-        if tuple(decode.features) == LEGACY_DECODE_FEATURES:
-            decode = LinearFit(DECODE_FEATURES, (*decode.coefficients, 0.0), decode.error)
+        if tuple(decode.features) in LEGACY_DECODE_FEATURES:
+            padding = (0.0,) * (len(DECODE_FEATURES) - len(decode.features))
+            decode = LinearFit(DECODE_FEATURES, (*decode.coefficients, *padding), decode.error)
         if tuple(decode.features) != DECODE_FEATURES:
             raise ValueError(
                 f"decode fit features {list(decode.features)} != expected {list(DECODE_FEATURES)}"
@@ -193,9 +229,19 @@ class FittedModel(LatencyModelBase):
         self.max_graph_batch_size = max_graph_batch_size
         self.summary = summary
         self.profile = profile  # the LatencyProfile this model was loaded from, if any
+        self.split_kv = split_kv
         self._gmax = max_graph_batch_size
-        self._d0, self._d1, self._d2, self._d3, self._d4 = (float(c) for c in decode.coefficients)
+        self._d0, self._d1, self._d2, self._d3, self._d4, self._d5 = (float(c) for c in decode.coefficients)
         self._p = tuple(float(c) for c in prefill.coefficients)
+        self._length_coefs: dict[int, float] = {}  # padded batch -> c3 + c4 * b + c5 / splits
+
+    def _length_coef(self, b: int) -> float:
+        """The decode time per token of max_seq_len at padded batch size `b` (memoised)."""
+        coef = self._length_coefs.get(b)
+        if coef is None:
+            coef = self._d3 + self._d4 * b + self._d5 / longest_split_divisor(self.split_kv, b)
+            self._length_coefs[b] = coef
+        return coef
 
     def __repr__(self) -> str:
         return f"FittedModel(decode={self.decode.as_dict()}, prefill={self.prefill.as_dict()})"
@@ -207,9 +253,7 @@ class FittedModel(LatencyModelBase):
                 b = 1 if b <= 1 else 2 if b <= 2 else 4 if b <= 4 else 8
             else:
                 b = (b + 15) // 16 * 16
-        return (
-            self._d0 + self._d1 * b + self._d2 * num_context_tokens + (self._d3 + self._d4 * b) * max_seq_len
-        )
+        return self._d0 + self._d1 * b + self._d2 * num_context_tokens + self._length_coef(b) * max_seq_len
 
     def _leading_decode_times(
         self,
@@ -221,10 +265,10 @@ class FittedModel(LatencyModelBase):
         deadline: float,
     ) -> list[float]:
         """The reference loop with `decode_step_time` inlined: the same float operations in the same
-        order ((d0 + d1*b) + d2*ctx) + (d3 + d4*b)*len, without a call a step."""
+        order ((d0 + d1*b) + d2*ctx) + length_coef(b)*len, without a call a step."""
         b = graph_padded_batch_size(num_seqs, self._gmax)
         base = self._d0 + self._d1 * b
-        d2, d3 = self._d2, self._d3 + self._d4 * b
+        d2, d3 = self._d2, self._length_coef(b)
         times = [start]
         append = times.append
         # counts as floats: integers, exact, and float * float is the interpreter's fast path
@@ -245,14 +289,14 @@ class FittedModel(LatencyModelBase):
         steps = num_context_tokens * self._d2
         # in place, in decode_step_time's order (a sum's two terms commute exactly)
         steps += self._d0 + self._d1 * b
-        steps += max_seq_len * (self._d3 + self._d4 * b)
+        steps += max_seq_len * self._length_coef(b)
         return steps
 
     def _decode_parts(
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int
     ) -> tuple[float, float, float, float]:
         b = graph_padded_batch_size(num_seqs, self._gmax)
-        attention = self._d2 * num_context_tokens + (self._d3 + self._d4 * b) * max_seq_len
+        attention = self._d2 * num_context_tokens + self._length_coef(b) * max_seq_len
         return (self._d1 * b, attention, 0.0, self._d0)
 
     def _predict_prefill(self, batch: BatchShape) -> StepTime:
@@ -299,17 +343,23 @@ def _choose_target(frame: pd.DataFrame, target: str) -> str:
     raise ValueError(f"step records: no target column; need one of {list(candidates)}")
 
 
-def decode_features(frame: pd.DataFrame, max_graph_batch_size: int) -> np.ndarray:
+def decode_features(
+    frame: pd.DataFrame, max_graph_batch_size: int, split_kv: SplitKV | None = None
+) -> np.ndarray:
     """Design matrix of decode records (columns as DECODE_FEATURES)."""
     n = frame["num_seqs"].to_numpy(dtype=np.int64)
-    padded = np.array([graph_padded_batch_size(int(v), max_graph_batch_size) for v in n], dtype=np.float64)
+    padded_sizes = [graph_padded_batch_size(int(v), max_graph_batch_size) for v in n]
+    padded = np.array(padded_sizes, dtype=np.float64)
+    splits = np.array([longest_split_divisor(split_kv, b) for b in padded_sizes], dtype=np.float64)
+    max_seq_len = frame["max_seq_len"].to_numpy(dtype=np.float64)
     return np.column_stack(
         [
             np.ones(len(frame)),
             padded,
             frame["num_context_tokens"].to_numpy(dtype=np.float64),
-            frame["max_seq_len"].to_numpy(dtype=np.float64),
-            padded * frame["max_seq_len"].to_numpy(dtype=np.float64),
+            max_seq_len,
+            padded * max_seq_len,
+            max_seq_len / splits,
         ]
     )
 
@@ -347,7 +397,8 @@ def _check_graph_sizes(decode: pd.DataFrame, gmax: int) -> None:
         )
 
 
-LOSSES = ("absolute", "relative")
+LOSSES = ("absolute", "relative", "median")
+MEDIAN_ITERATIONS = 30  # reweighting rounds of the "median" loss
 
 
 def _varies_apart(a: np.ndarray, b: np.ndarray, min_spread: float = 0.05) -> bool:
@@ -381,13 +432,12 @@ def _fit_kind(
         )
     order = np.random.default_rng(seed).permutation(n)
     test, train = order[:n_test], order[n_test:]
-    # "absolute" minimises squared seconds, so long steps (which dominate a simulated run's clock)
-    # weigh most; "relative" weights each row by 1 / measured time. Columns scaled to unit norm.
-    w = 1.0 / y[train] if loss == "relative" else np.ones(len(train))
-    a = x[train] * w[:, None]
-    scale = np.linalg.norm(a, axis=0)
-    scale[scale == 0] = 1.0
-    coef = nnls(a / scale, y[train] * w) / scale
+    if loss == "median":
+        coef = _least_absolute_nnls(x[train], y[train])
+    else:
+        # "absolute" minimises squared seconds, so long steps (which dominate a simulated run's
+        # clock) weigh most; "relative" weights each row by 1 / measured time.
+        coef = _weighted_nnls(x[train], y[train], 1.0 / y[train] if loss == "relative" else None)
     check = test if n_test else train
     rel = np.abs(x[check] @ coef - y[check]) / y[check]
     error = FitError(
@@ -400,6 +450,26 @@ def _fit_kind(
     return LinearFit(features, tuple(float(c) for c in coef), error)
 
 
+def _weighted_nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    """argmin ||w * (x c - y)||_2 over c >= 0 (w = None: all ones), columns scaled to unit norm."""
+    a = x if w is None else x * w[:, None]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    return nnls(a / scale, y if w is None else y * w) / scale
+
+
+def _least_absolute_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """argmin sum |x c - y| over c >= 0, by iteratively reweighted least squares (weights
+    1 / sqrt(|residual|), residuals floored at 1e-4 of the median time): a fit through the typical
+    step, which the slow phases of a busy host (heavy-tailed step times) do not drag up."""
+    floor = 1e-4 * float(np.median(y))
+    coef = _weighted_nnls(x, y, None)
+    for _ in range(MEDIAN_ITERATIONS):
+        w = 1.0 / np.sqrt(np.maximum(np.abs(x @ coef - y), floor))
+        coef = _weighted_nnls(x, y, w)
+    return coef
+
+
 def fit_step_records(
     records: pd.DataFrame,
     *,
@@ -409,14 +479,17 @@ def fit_step_records(
     holdout_fraction: float = 0.25,
     seed: int = 0,
     loss: str = "absolute",
+    split_kv: SplitKV | None = None,
 ) -> FittedModel:
     """Fit a `FittedModel` on step records (a DataFrame with CONTRACT.md's step-record columns).
 
     Drops `compiled` and `empty` steps; fits `target` ("auto": gpu_time_s, else wall_time_s) by
-    non-negative least squares on `loss` ("absolute" seconds or "relative" error); holds back `holdout_fraction` of each kind's
+    non-negative least squares on `loss` ("absolute" seconds, "relative" error, or "median": least
+    absolute deviations in seconds); holds back `holdout_fraction` of each kind's
     steps (a permutation seeded by `seed`) to measure the error. Decode batch sizes are padded to
     CUDA-graph sizes up to `max_graph_batch_size` (default: from `max_num_seqs`, else the records'
-    largest `graph_batch_size`; 0 when the records show no graphs).
+    largest `graph_batch_size`; 0 when the records show no graphs). `split_kv`: how the engine's
+    decode kernel split each sequence's KV (None: it did not, and longest_split stays out of the fit).
     """
     if not isinstance(records, pd.DataFrame):
         raise TypeError(f"records: expected a pandas DataFrame, got {type(records).__name__}")
@@ -462,10 +535,12 @@ def fit_step_records(
     gmax = _infer_max_graph(dec, max_num_seqs, max_graph_batch_size)
     _check_graph_sizes(dec, gmax)
     y = used[target_column].to_numpy(dtype=np.float64)
-    x_dec = decode_features(dec, gmax)
+    x_dec = decode_features(dec, gmax, split_kv)
     n_times_max = dec["num_seqs"].to_numpy(dtype=np.float64) * x_dec[:, 3]
     if not _varies_apart(n_times_max, x_dec[:, 2]):
         x_dec[:, 4] = 0.0  # records cannot tell b * max_seq_len from the context sum: leave it out
+    if split_kv is None:
+        x_dec[:, 5] = 0.0  # max_seq_len / 1 is max_seq_len: nothing to add
     decode_fit = _fit_kind(x_dec, y[is_decode], DECODE_FEATURES, seed, holdout_fraction, "decode", loss)
     prefill_fit = _fit_kind(
         prefill_features(pre), y[~is_decode], PREFILL_FEATURES, seed, holdout_fraction, "prefill/mixed", loss
@@ -481,4 +556,4 @@ def fit_step_records(
         seed=seed,
         holdout_fraction=holdout_fraction,
     )
-    return FittedModel(decode_fit, prefill_fit, gmax, summary)
+    return FittedModel(decode_fit, prefill_fit, gmax, summary, split_kv=split_kv)

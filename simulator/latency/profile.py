@@ -18,7 +18,7 @@ import pandas as pd
 
 from engine.config import ModelSpec
 from simulator.latency.base import LatencyModel
-from simulator.latency.fitted import FitError, FittedModel, LinearFit, fit_step_records
+from simulator.latency.fitted import FitError, FittedModel, LinearFit, SplitKV, fit_step_records
 from simulator.latency.gpus import GpuSpec, canonical_gpu_name
 from simulator.latency.roofline import RooflineEfficiency, RooflineModel
 
@@ -60,6 +60,7 @@ class LatencyProfile:
     prefill: LinearFit
     created: str = ""  # ISO 8601 UTC
     extra: dict[str, Any] = field(default_factory=dict)  # free-form provenance (trace, seed, ...)
+    split_kv: SplitKV | None = None  # how the decode kernel split each sequence's KV (None: it did not)
 
     @property
     def model_name(self) -> str:
@@ -73,7 +74,9 @@ class LatencyProfile:
 
     def to_latency_model(self) -> FittedModel:
         """The profile's FittedModel; its `.profile` is this profile."""
-        return FittedModel(self.decode, self.prefill, self.max_graph_batch_size, profile=self)
+        return FittedModel(
+            self.decode, self.prefill, self.max_graph_batch_size, profile=self, split_kv=self.split_kv
+        )
 
     # ---- compatibility ----------------------------------------------------------------------------
     def check_compatible(
@@ -140,6 +143,8 @@ class LatencyProfile:
                     "coefficients": list(value.coefficients),
                     "fit_error": dataclasses.asdict(value.error) if value.error else None,
                 }
+            elif isinstance(value, SplitKV):
+                value = dataclasses.asdict(value)
             out[f.name] = value
         return out
 
@@ -170,6 +175,8 @@ class LatencyProfile:
                     )
                 except (KeyError, TypeError, AttributeError) as e:
                     raise ValueError(f"{where}: field {f.name!r} is malformed ({e})") from None
+            elif f.name == "split_kv" and value is not None:
+                value = _split_kv_from_dict(value, where)
             kwargs[f.name] = value
         profile = cls(**kwargs)
         profile.to_latency_model()  # validates feature lists now rather than at first use
@@ -239,6 +246,7 @@ class LatencyProfile:
             num_records=summary.num_used if summary else 0,
             decode=fitted.decode,
             prefill=fitted.prefill,
+            split_kv=fitted.split_kv,
             created=created or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
             extra=dict(extra or {}),
         )
@@ -263,10 +271,12 @@ def fit_profile(
     loss: str = "absolute",
     created: str | None = None,
     extra: dict[str, Any] | None = None,
+    split_kv: SplitKV | None = None,
 ) -> LatencyProfile:
     """Calibrate: fit step records (`fit_step_records`) and wrap the fit as a profile."""
     fitted = fit_step_records(
         records,
+        split_kv=split_kv,
         max_num_seqs=max_num_seqs,
         max_graph_batch_size=max_graph_batch_size,
         target=target,
@@ -312,3 +322,14 @@ def load_latency_model(
     except ValueError as e:
         raise ValueError(f"{profile_path}: {e}") from None
     return profile.to_latency_model()
+
+
+def _split_kv_from_dict(value: Any, where: str) -> SplitKV:
+    if not isinstance(value, dict) or set(value) != {"num_kv_heads", "num_sms"}:
+        raise ValueError(
+            f"{where}: field 'split_kv' must be null or {{num_kv_heads, num_sms}}, got {value!r}"
+        )
+    try:
+        return SplitKV(**value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None

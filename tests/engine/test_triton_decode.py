@@ -179,24 +179,6 @@ def test_rejects_bad_shapes():
         )
 
 
-def test_choose_num_splits():
-    # about 2 x 132 programs: 264 / (batch x 8 kv heads) splits, at most 32 and one per unit of
-    # max(page, 64) tokens of the longest context
-    assert choose_num_splits(1, 8, 4096, 16) == 32
-    assert choose_num_splits(1, 8, 4096, 256) == 16
-    assert choose_num_splits(1, 8, 512, 16) == 8
-    assert choose_num_splits(1, 8, 512, 128) == 4
-    assert choose_num_splits(1, 8, 100, 16) == 2
-    assert choose_num_splits(1, 8, 1, 16) == 1
-    assert choose_num_splits(1, 8, 0, 16) == 1
-    assert choose_num_splits(8, 8, 4096, 16) == 5
-    assert choose_num_splits(16, 8, 4096, 16) == 3
-    assert choose_num_splits(64, 8, 4096, 16) == 1
-    assert choose_num_splits(256, 8, 512, 16) == 1
-    assert choose_num_splits(2, 4, 1 << 20, 16, num_sms=66) == 17
-    assert choose_num_splits(1, 1, 1 << 20, 16) == 32
-
-
 class _Recorder:
     """Stands in for a kernel: records its calls, returns zeros (FA4's varlen returns (out, lse))."""
 

@@ -13,7 +13,9 @@ from engine.scheduler import ScheduledBatch, make_batch
 from engine.sequence import SamplingParams, Sequence
 
 # Known coefficients of the synthetic step-time function (seconds per unit of each feature).
-TRUE_DECODE = (2.0e-3, 2.0e-5, 3.0e-8, 1.0e-7, 2.0e-9)  # const, padded batch, context, max_seq_len, b*max
+# const, padded batch, context, max_seq_len, b*max, max_seq_len / splits (SPLIT_KV's, of the padded batch)
+TRUE_DECODE = (2.0e-3, 2.0e-5, 3.0e-8, 1.0e-7, 2.0e-9, 3.0e-7)
+SPLIT_KV_FIELDS = {"num_kv_heads": 8, "num_sms": 132}  # Qwen3-0.6B on an H200: 32 splits at batch 1
 TRUE_PREFILL = (
     3.0e-3,
     2.5e-6,
@@ -58,7 +60,9 @@ def synthetic_records(
 ) -> pd.DataFrame:
     """Step records whose gpu_time_s is the known linear function of the features times lognormal noise,
     plus a few compiled steps with absurd times that a fit must drop."""
-    from simulator.latency.fitted import graph_padded_batch_size
+    from simulator.latency.fitted import SplitKV, graph_padded_batch_size
+
+    split_kv = SplitKV(**SPLIT_KV_FIELDS)
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -73,6 +77,7 @@ def synthetic_records(
             + TRUE_DECODE[2] * ctx.sum()
             + TRUE_DECODE[3] * (ctx.max() + 1)
             + TRUE_DECODE[4] * padded * (ctx.max() + 1)
+            + TRUE_DECODE[5] * (ctx.max() + 1) / split_kv.num_splits(padded)
         )
         rows.append(
             dict(kind="decode", num_seqs=n, num_prefill_seqs=0, num_decode_seqs=n, total_num_scheduled_tokens=n,
@@ -112,7 +117,11 @@ def synthetic_records(
 @pytest.fixture(scope="session")
 def truth() -> SimpleNamespace:
     """The synthetic records' true coefficients and largest decode graph."""
-    return SimpleNamespace(decode=TRUE_DECODE, prefill=TRUE_PREFILL, gmax=GMAX)
+    from simulator.latency.fitted import SplitKV
+
+    return SimpleNamespace(
+        decode=TRUE_DECODE, prefill=TRUE_PREFILL, gmax=GMAX, split_kv=SplitKV(**SPLIT_KV_FIELDS)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -138,7 +147,9 @@ def make_decode_batch():
 @pytest.fixture(scope="session")
 def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
     """One of each kind of model, TP and CUDA-graph setting."""
-    from simulator.latency import RooflineEfficiency, RooflineModel, fit_step_records
+    from simulator.latency import RooflineEfficiency, RooflineModel, SplitKV, fit_step_records
+
+    split_kv = SplitKV(**SPLIT_KV_FIELDS)
 
     return {
         "roofline-h200": RooflineModel(model, "h200"),
@@ -146,6 +157,7 @@ def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
         "roofline-l40s-tp4": RooflineModel(
             model, "l40s", tp=4, efficiency=RooflineEfficiency(gemm_flops=0.55)
         ),
-        "fitted": fit_step_records(records, max_num_seqs=GMAX),
-        "fitted-eager": fit_step_records(records.assign(graph_batch_size=0)),
+        "fitted": fit_step_records(records, max_num_seqs=GMAX, split_kv=split_kv),
+        "fitted-eager": fit_step_records(records.assign(graph_batch_size=0), split_kv=split_kv),
+        "fitted-no-split": fit_step_records(records, max_num_seqs=GMAX),
     }

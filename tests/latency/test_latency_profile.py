@@ -24,7 +24,7 @@ LLAMA_3_8B = ModelSpec("Llama-3-8B", "LlamaForCausalLM", 32, 32, 8, 128, 4096, 1
 
 
 @pytest.fixture(scope="module")
-def profile(records: pd.DataFrame, model: ModelSpec) -> LatencyProfile:
+def profile(records: pd.DataFrame, model: ModelSpec, truth) -> LatencyProfile:
     return fit_profile(
         records,
         model=model,
@@ -35,6 +35,7 @@ def profile(records: pd.DataFrame, model: ModelSpec) -> LatencyProfile:
         engine_version="0.1.0",
         num_kv_blocks=4516,
         created="2026-11-29T08:00:00+00:00",
+        split_kv=truth.split_kv,
     )
 
 
@@ -46,6 +47,8 @@ def test_metadata(profile: LatencyProfile, model: ModelSpec) -> None:
     assert profile.target == "gpu_time_s"
     assert profile.extra == {"seed": 0, "holdout_fraction": 0.25, "loss": "absolute"}
     assert profile.decode.error is not None and profile.decode.error.median_rel_error < 0.012
+    assert (profile.split_kv.num_kv_heads, profile.split_kv.num_sms) == (8, 132)
+    assert profile.to_latency_model().split_kv == profile.split_kv
 
 
 def test_round_trip_is_exact(profile: LatencyProfile, tmp_path) -> None:
@@ -53,6 +56,7 @@ def test_round_trip_is_exact(profile: LatencyProfile, tmp_path) -> None:
     raw = json.loads(path.read_text())
     assert raw["format"] == "kvplan.latency_profile" and raw["version"] == 1
     assert raw["model"]["name"] == "Qwen3-0.6B" and raw["prefill"]["fit_error"]["n_test"] > 0
+    assert raw["split_kv"] == {"num_kv_heads": 8, "num_sms": 132}
     loaded = LatencyProfile.load(path)
     assert loaded == profile
     a, b = profile.to_latency_model(), loaded.to_latency_model()
@@ -115,10 +119,15 @@ def test_bad_files_name_the_file(profile: LatencyProfile, tmp_path) -> None:
         ({"format": "other"}, "not a latency profile"),
         ({"decode": {"features": ["const"], "coefficients": [1.0]}}, "decode fit features"),
         ({"prefill": {"features": ["const"]}}, "field 'prefill' is malformed"),
+        ({"split_kv": {"num_kv_heads": 8}}, "field 'split_kv' must be null or"),
+        ({"split_kv": {"num_kv_heads": 8, "num_sms": -1}}, "split_kv.num_sms: must be a positive integer"),
     ]:
         path.write_text(json.dumps({**raw, **change}))
         with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*{message}"):
             LatencyProfile.load(path)
+    del raw["split_kv"]  # profiles from before split_kv load without one
+    path.write_text(json.dumps(raw))
+    assert LatencyProfile.load(path).split_kv is None
     del raw["tp"]
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: missing field 'tp'"):
