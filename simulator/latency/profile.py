@@ -296,7 +296,8 @@ def fit_profile(
         engine_version=engine_version,
         num_kv_blocks=num_kv_blocks,
         created=created,
-        extra={"seed": seed, "holdout_fraction": holdout_fraction, "loss": loss, **(extra or {})},
+        # the fit's own settings win over provenance copied from another profile (`kvplan fit --like`)
+        extra={**(extra or {}), "seed": seed, "holdout_fraction": holdout_fraction, "loss": loss},
     )
 
 

@@ -2,8 +2,9 @@
 
 Two engine builds are shipped with replays: decode through FlashAttention-4 (session 1,
 `_fa4decode`: 13 of 14 targets met) and the current engine (Triton split-KV decode, Triton layer
-kernels, piecewise CUDA graphs for prefill and mixed steps: light load meets every target, the
-heavy replay's misses are pinned here so that a regression shows, and explained in docs/PERF.md)."""
+kernels, piecewise CUDA graphs for prefill and mixed steps; replays at x1, x5 and twice at x8 from
+one calibration run): what each meets and misses is pinned here so that a change shows either way,
+and explained in docs/PERF.md."""
 
 from pathlib import Path
 
@@ -21,29 +22,43 @@ def errors(run: str, profile: str):
     return v, v.table.set_index("metric")
 
 
+def misses(table) -> set[str]:
+    return {m for m in TARGETS if not table.loc[m, "ok"]}
+
+
 @pytest.mark.parametrize("load,allowed_misses", [("heavy", set()), ("light", {"ttft_p99_s"})])
 def test_fa4_decode_replays_within_targets(load, allowed_misses):
     v, table = errors(f"h200_qwen3-0.6b_bs16_fa4decode_{load}", "qwen3-0.6b_h200_tp1_bs16_fa4decode.json")
-    misses = {m for m in TARGETS if not table.loc[m, "ok"]}
-    assert misses <= allowed_misses, table
+    assert misses(table) <= allowed_misses, table
     assert abs(table.loc["ttft_p99_s", "rel_error"]) < 0.2
     assert v.steps is not None and v.steps["residual"].abs().median() < 0.1
 
 
-def test_current_engine_heavy_replay():
-    """Near saturation the simulator runs ~8 % slow: the replay's decode steps (~100 sequences over
-    ~128k cached tokens, longest ~4k) cost ~10 % less than the profile predicts, and queueing
-    compounds it into TTFT (docs/PERF.md, session 4). Pinned so that a change shows either way."""
-    v, table = errors("h200_qwen3-0.6b_bs16_heavy", "qwen3-0.6b_h200_tp1_bs16.json")
-    assert -0.10 < table.loc["throughput_rps", "rel_error"] < -0.05, table
-    assert 0.07 < table.loc["tpot_mean_s", "rel_error"] < 0.15, table
-    assert (table.loc[list(TARGETS), "rel_error"].abs() < 1.6).all(), table
-    assert v.steps is not None and v.steps["residual"].abs().median() < 0.2  # 14.4 % measured
+def test_current_engine_mid_load_replay():
+    """x5 (no preemption, batches of tens): every target met (docs/PERF.md, session 5)."""
+    v, table = errors("h200_qwen3-0.6b_bs16_mid", "qwen3-0.6b_h200_tp1_bs16.json")
+    assert not misses(table), table
+    assert v.steps is not None and v.steps["residual"].abs().median() < 0.1  # 7.3 % measured
+
+
+def test_current_engine_heavy_replays():
+    """x8, past saturation (preemptions, a queue that builds): the same window served twice in a row
+    by one engine gave real TTFT p50 0.87 s and 0.40 s. One simulation sits between them: the second
+    run meets all but TTFT p50 (+22 %), the first only throughput and TPOT (TTFT p50 -44 %)."""
+    _, first = errors("h200_qwen3-0.6b_bs16_heavy", "qwen3-0.6b_h200_tp1_bs16.json")
+    _, second = errors("h200_qwen3-0.6b_bs16_heavy2", "qwen3-0.6b_h200_tp1_bs16.json")
+    assert misses(second) <= {"ttft_p50_s"}, second
+    assert 0.1 < second.loc["ttft_p50_s", "rel_error"] < 0.35, second
+    assert {"throughput_rps", "tpot_mean_s"}.isdisjoint(misses(first)), first
+    assert -0.55 < first.loc["ttft_p50_s", "rel_error"] < -0.3, first
+    assert first.loc["ttft_p50_s", "sim"] == second.loc["ttft_p50_s", "sim"]  # one simulated run
+    assert first.loc["ttft_p50_s", "real"] > 2 * second.loc["ttft_p50_s", "real"]
 
 
 def test_current_engine_light_replay():
-    """Light load: every target met (session 4, piecewise CUDA graphs for prefill/mixed steps)."""
+    """Light load: throughput, TPOT and p99 E2E met; TTFT is ~1 ms short (prefills that wake an idle
+    GPU run slower than the fit, which has no idle term, predicts; docs/PERF.md, session 5)."""
     v, table = errors("h200_qwen3-0.6b_bs16_light", "qwen3-0.6b_h200_tp1_bs16.json")
-    misses = {m for m in TARGETS if not table.loc[m, "ok"]}
-    assert not misses, table
-    assert v.steps is not None and v.steps["residual"].abs().median() < 0.12  # 8.5 % measured
+    assert misses(table) <= {"e2e_p50_s", "ttft_p50_s", "ttft_p99_s"}, table
+    assert -0.2 < table.loc["ttft_p50_s", "rel_error"] < -0.05, table
+    assert v.steps is not None and v.steps["residual"].abs().median() < 0.1  # 6.6 % measured

@@ -134,6 +134,13 @@ def test_bad_files_name_the_file(profile: LatencyProfile, tmp_path) -> None:
         LatencyProfile.load(path)
 
 
+def test_the_fits_own_settings_win_over_copied_provenance(records: pd.DataFrame, model: ModelSpec) -> None:
+    """`kvplan fit --like P` copies P's extra; the loss and seed recorded are the refit's."""
+    refit = fit_profile(records, model=model, gpu="h200", max_num_seqs=256, max_num_batched_tokens=16384,
+                        loss="median", seed=3, extra={"loss": "absolute", "seed": 0, "note": "kept"})  # fmt: skip
+    assert (refit.extra["loss"], refit.extra["seed"], refit.extra["note"]) == ("median", 3, "kept")
+
+
 def test_profile_metadata_must_agree_with_records(records: pd.DataFrame, model: ModelSpec) -> None:
     with pytest.raises(ValueError, match="block_size: given 16 but the step records say 256"):
         fit_profile(
