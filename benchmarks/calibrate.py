@@ -101,6 +101,7 @@ def calibrate(args, ckpt: Path, gpu: str, block_size: int, replays, out: Path) -
         engine_version=_version(),
         num_kv_blocks=blocks,
         target="wall_time_s",
+        loss="median",
         split_kv=_split_kv(llm),
         extra={
             "model_name": args.preset,

@@ -100,6 +100,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             engine_version=_version(),
             num_kv_blocks=llm.cache_config.num_blocks,
             target=args.target,
+            loss=args.loss,
             split_kv=_split_kv(llm),
             extra={
                 "model_name": name,
@@ -171,6 +172,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--records", default=None, help="also save the step records (Parquet)")
     p.add_argument("--time-budget", type=float, default=240.0, help="seconds of workloads at most")
     p.add_argument("--target", default="wall_time_s", choices=["wall_time_s", "gpu_time_s"])
+    p.add_argument(
+        "--loss",
+        default="median",
+        choices=["median", "absolute", "relative"],
+        help="least absolute seconds (default: robust to a host's slow phases), squared seconds, or squared relative error",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_profile)
     r = sub.add_parser("replay", help="(GPU) serve a trace in real time and write a replay folder")

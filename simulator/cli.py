@@ -206,9 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--like", required=True, help="profile JSON whose model/GPU/limits metadata to keep")
     fit.add_argument(
         "--loss",
-        default="absolute",
-        choices=["absolute", "relative", "median"],
-        help="squared seconds (default), squared relative error, or absolute seconds (robust to slow phases)",
+        default="median",
+        choices=["median", "absolute", "relative"],
+        help="least absolute seconds (default: robust to a host's slow phases), squared seconds, or squared relative error",
     )
     fit.add_argument("--target", default="wall_time_s", choices=["wall_time_s", "gpu_time_s"])
     fit.add_argument(

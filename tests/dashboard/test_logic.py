@@ -323,7 +323,7 @@ def test_profile_helpers(tmp_path, records):
     assert logic.profile_files(tmp_path, tmp_path / "none") == [path]
     profile = LatencyProfile.load(path)
     coef = logic.profile_coefficients(profile)
-    assert set(coef["fit"]) == {"decode", "prefill"} and len(coef) == 11
+    assert set(coef["fit"]) == {"decode", "prefill"} and len(coef) == 12  # 6 decode + 6 prefill features
     assert set(logic.profile_errors(profile)["fit"]) == {"decode", "prefill"}
     model = profile.to_latency_model()
     dec = logic.decode_curves(model, [1, 8, 64], [512, 4096])

@@ -154,3 +154,32 @@ def test_profile_metadata_must_agree_with_records(records: pd.DataFrame, model: 
             max_num_seqs=256,
             max_num_batched_tokens=8192,
         )
+
+
+def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
+    """`kvplan fit` on a shipped profile's own records, with its split policy and the median loss,
+    gives that profile's coefficients back; a malformed --split-kv names the flag."""
+    from simulator.cli import main
+    from simulator.run import SHIPPED_PROFILE_DIR
+
+    shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"
+    records = SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs256.parquet"
+    out = tmp_path / "refit.json"
+    assert main(["fit", "--records", str(records), "--like", str(shipped), "--out", str(out)]) == 0
+    refit, original = LatencyProfile.load(out), LatencyProfile.load(shipped)
+    assert refit.split_kv == original.split_kv and refit.extra["loss"] == "median"
+    assert refit.decode.coefficients == original.decode.coefficients
+    assert refit.prefill.coefficients == original.prefill.coefficients
+    argv = [
+        "fit",
+        "--records",
+        str(records),
+        "--like",
+        str(shipped),
+        "--out",
+        str(out),
+        "--split-kv",
+        "8x132",
+    ]
+    assert main(argv) == 2
+    assert "--split-kv: '8x132': expected KV_HEADS:SMS" in capsys.readouterr().err
