@@ -34,15 +34,22 @@ class Workload:
     shortest: int = 0  # > 0: prompts spread geometrically from this to prompt_len (decode_spread, mixed)
 
 
-def design(
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    max_model_len: int,
-    kv_tokens: int,
-    policy: str,
-    block_size: int = 16,
-):
+@dataclass(frozen=True)
+class SweepLimits:
+    """What the engine under test allows: the sweep plans only workloads that fit."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    kv_tokens: int  # KV cache size in tokens
+    policy: str
+    block_size: int = 16
+
+
+def design(limits: SweepLimits) -> list[Workload]:
     """The sweep: every workload fits the KV cache and the batch limits."""
+    max_num_seqs, max_num_batched_tokens = limits.max_num_seqs, limits.max_num_batched_tokens
+    max_model_len, kv_tokens, policy = limits.max_model_len, limits.kv_tokens, limits.policy
     batches = [b for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if b <= max_num_seqs]
     contexts = [c for c in (128, 512, 1024, 2048, 4096) if c + DECODE_STEPS < max_model_len]
     out = [
@@ -59,9 +66,7 @@ def design(
         and b <= max_num_seqs
         and sum(spread_lengths(b, c)) + b * DECODE_STEPS <= 0.9 * kv_tokens
     ]
-    out += full_cache_workloads(
-        max_num_seqs, max_num_batched_tokens, max_model_len, kv_tokens, policy, block_size
-    )
+    out += full_cache_workloads(limits)
     lengths = [
         n
         for n in (16, 64, 256, 1024, 2048, 4096, 8192, 16384)
@@ -86,30 +91,23 @@ def design(
     return out
 
 
-def full_cache_workloads(
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    max_model_len: int,
-    kv_tokens: int,
-    policy: str,
-    block_size: int = 16,
-) -> list[Workload]:
+def full_cache_workloads(limits: SweepLimits) -> list[Workload]:
     """Serving near saturation: decode batches (and, chunked, mixed steps) whose spread lengths fill
     the cache but for room to decode (`fill_shortest`): ~90 % less a block and the steps' tokens per
     sequence."""
     out = []
     for longest in (2048, 4096, 8192):
         for b in (64, 96, 128, 160, 192, 256):
-            if b > max_num_seqs or longest + DECODE_STEPS >= max_model_len:
+            if b > limits.max_num_seqs or longest + DECODE_STEPS >= limits.max_model_len:
                 continue
-            budget = int(0.9 * kv_tokens) - b * (DECODE_STEPS + block_size)
+            budget = int(0.9 * limits.kv_tokens) - b * (DECODE_STEPS + limits.block_size)
             shortest = fill_shortest(b, longest, budget)
             if shortest is None:
                 continue
             out.append(Workload("decode_spread", b, longest, DECODE_STEPS, shortest=shortest))
-            if policy == "chunked" and longest == 4096 and b in (64, 128):
+            if limits.policy == "chunked" and longest == 4096 and b in (64, 128):
                 for n in (512, 2048):
-                    if n <= max_num_batched_tokens:
+                    if n <= limits.max_num_batched_tokens:
                         out.append(Workload("mixed", b, longest, 32, chunk_len=n, shortest=shortest))
     return out
 
@@ -187,16 +185,16 @@ def run_profile(
 ) -> pd.DataFrame:
     """Run the designed sweep on `llm` within `time_budget_s` (then, with `serving`, two short
     synthetic-traffic replays); return its step records."""
-    cfg = llm.scheduler_config
-    kv_tokens = llm.cache_config.num_blocks * llm.cache_config.block_size
-    work = design(
+    cfg, cache = llm.scheduler_config, llm.cache_config
+    limits = SweepLimits(
         cfg.max_num_seqs,
         cfg.max_num_batched_tokens,
         cfg.max_model_len,
-        kv_tokens,
+        cache.num_blocks * cache.block_size,
         cfg.policy,
-        llm.cache_config.block_size,
+        cache.block_size,
     )
+    work = design(limits)
     rng = np.random.default_rng(seed)
     vocab = min(llm.spec.vocab_size, 100_000)
     t0 = time.perf_counter()

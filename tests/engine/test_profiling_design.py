@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.profiling import design, fill_shortest, full_cache_workloads, spread_lengths
+from engine.profiling import SweepLimits, design, fill_shortest, full_cache_workloads, spread_lengths
 
 
 def test_spread_lengths_are_geometric():
@@ -13,12 +13,12 @@ def test_spread_lengths_are_geometric():
 
 
 def test_design_plans_spread_decodes_that_fit():
-    spread = [(w.num_seqs, w.prompt_len) for w in design(256, 8192, 16384, 131072, "chunked")
+    spread = [(w.num_seqs, w.prompt_len) for w in design(SweepLimits(256, 8192, 16384, 131072, "chunked"))
               if w.kind == "decode_spread" and w.shortest == 128]  # fmt: skip
     assert spread == [(16, 2048), (32, 2048), (64, 2048), (96, 2048), (128, 2048),
                       (16, 4096), (32, 4096), (64, 4096), (96, 4096)]  # fmt: skip
     # batch limit and context limit cut the list
-    small = [(w.num_seqs, w.prompt_len) for w in design(64, 8192, 4096, 131072, "chunked")
+    small = [(w.num_seqs, w.prompt_len) for w in design(SweepLimits(64, 8192, 4096, 131072, "chunked"))
              if w.kind == "decode_spread" and w.shortest == 128]  # fmt: skip
     assert small == [(16, 2048), (32, 2048), (64, 2048)]
 
@@ -27,7 +27,7 @@ def test_full_cache_workloads_fill_the_cache_with_spread_lengths():
     """Serving near saturation: large batches whose spread lengths sum to ~90 % of the cache less
     room to decode; the mixed ones add a joining prefill chunk to such a batch."""
     planned = [(w.kind, w.num_seqs, w.prompt_len, w.shortest, w.chunk_len)
-               for w in full_cache_workloads(256, 8192, 16384, 131072, "chunked", 16)]  # fmt: skip
+               for w in full_cache_workloads(SweepLimits(256, 8192, 16384, 131072, "chunked", 16))]  # fmt: skip
     assert planned == [
         ("decode_spread", 64, 2048, 1549, 0), ("decode_spread", 96, 2048, 589, 0),
         ("decode_spread", 128, 2048, 257, 0), ("decode_spread", 160, 2048, 119, 0),
@@ -37,16 +37,16 @@ def test_full_cache_workloads_fill_the_cache_with_spread_lengths():
         ("mixed", 128, 4096, 35, 512), ("mixed", 128, 4096, 35, 2048),
         ("decode_spread", 64, 8192, 79, 0),
     ]  # fmt: skip
-    for w in full_cache_workloads(256, 8192, 16384, 131072, "chunked", 16):
+    for w in full_cache_workloads(SweepLimits(256, 8192, 16384, 131072, "chunked", 16)):
         budget = int(0.9 * 131072) - w.num_seqs * (40 + 16)
         total = sum(spread_lengths(w.num_seqs, w.prompt_len, w.shortest))
         assert total <= budget < sum(spread_lengths(w.num_seqs, w.prompt_len, w.shortest + 1))
-    assert len(design(256, 8192, 16384, 131072, "chunked", 16)) == 107
+    assert len(design(SweepLimits(256, 8192, 16384, 131072, "chunked", 16))) == 107
     # prefill_first plans no mixed steps; a batch limit of 64 keeps only batches of 64
-    assert {w.kind for w in full_cache_workloads(256, 8192, 16384, 131072, "prefill_first")} == {
+    assert {w.kind for w in full_cache_workloads(SweepLimits(256, 8192, 16384, 131072, "prefill_first"))} == {
         "decode_spread"
     }
-    assert {w.num_seqs for w in full_cache_workloads(64, 8192, 16384, 131072, "chunked")} == {64}
+    assert {w.num_seqs for w in full_cache_workloads(SweepLimits(64, 8192, 16384, 131072, "chunked"))} == {64}
 
 
 def test_fill_shortest_edges():
