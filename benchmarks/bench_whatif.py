@@ -5,10 +5,12 @@ Qwen3-8B on an H200, chunked policy, prefix caching on, the page's four default 
 azure_conv_2023 at 4x, simulated in a warmed forkserver pool as `kvplan dashboard` does. Prints the
 wall time of the comparison. With `--browser`, times the page itself instead: `kvplan dashboard` on a
 free loopback port with the window set to the whole trace, the What-if page loaded in headless
-Chromium (first load: pool start and trace load included), then `--repeats` edits of the rate scale,
-each timed from the edit until the results and charts have rendered.
+Chromium (first load: pool start and trace load included), then edits of the rate scale to each of
+`--edit-scales` (default 3.5 and 4.5, either side of the page's 4x, so nothing is cached), each timed
+from the edit until the results and charts have rendered.
 
-    python benchmarks/bench_whatif.py [--window 0] [--rate-scale 4] [--workers 2] [--repeats 3] [--browser]
+    python benchmarks/bench_whatif.py [--window 0] [--rate-scale 4] [--workers 2] [--repeats 3]
+    python benchmarks/bench_whatif.py --browser [--edit-scales 3.5,4.5,3.5,4.5]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--browser", action="store_true", help="time the page in headless Chromium")
+    ap.add_argument("--edit-scales", default="3.5,4.5", help="--browser: rate scales to edit to, in order")
     args = ap.parse_args()
     if args.browser:
         return browser_main(args)
@@ -82,8 +85,7 @@ def browser_main(args: argparse.Namespace) -> int:
         print(f"first load (pool start, trace load, 4 simulations, charts): {first.seconds:.1f} s, "
               f"{first.charts} charts")  # fmt: skip
         walls = []
-        for i in range(args.repeats):
-            scale = args.rate_scale + 0.5 * (i + 1)  # a new scale each time: nothing cached
+        for scale in (float(x) for x in args.edit_scales.split(",")):
             t0 = time.monotonic()
             browser.set_input("Rate scale (x faster)", f"{scale:g}")
             started = time.monotonic()  # set_input returns once the script run has begun
