@@ -282,6 +282,8 @@ class BlockManager:
                 return
         # the rest are cached blocks, least recently freed first: evict the prefixes they hold
         self.num_evictions += num
+        if num == 1 and self._take_one_lazy(table):  # a decode opening a block, the usual case
+            return
         popleft, stale = self.free_cached.popleft, self._num_stale
         hashes, srcs, hash_to_block_id = self.cached_hashes, self.cached_token_srcs, self._hash_to_block_id
         indices, lazy_chains = self.cached_block_indices, self._lazy_chains
@@ -303,6 +305,17 @@ class BlockManager:
             ref_counts[block_id] = 1
             table.append(block_id)
             num -= 1
+
+    def _take_one_lazy(self, table: list[int]) -> bool:
+        """`take_free_blocks` of one cached block when the front of the free list is a freed lazy chain
+        that keeps more than that block: its last block, the chain staying in front; else False."""
+        chain = self.free_cached[0]
+        if chain.__class__ is not _LazyChain or chain.materialized or len(chain.free_blocks) < 2:
+            return False
+        block_id = chain.free_blocks.pop()
+        self.ref_counts[block_id] = 1
+        table.append(block_id)
+        return True
 
     def _evict_lazy_blocks(self, chain: _LazyChain, num: int, table: list[int]) -> int:
         """Append up to `num` of the free blocks of `chain` (just taken off the front of free_cached)
