@@ -238,6 +238,10 @@ class Scheduler:
         self.num_rejected = 0
         self._next_seq_id = 0
         self._finished_outside_step: list[Sequence] = []
+        # Decode steps until the first running request finishes, known while every running request is
+        # a plain decode: set by a run that finished none, cleared by `schedule` and `postprocess`
+        # (nothing else changes the running requests), so the next run need not check them again.
+        self._decode_steps_left: int | None = None
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -286,6 +290,7 @@ class Scheduler:
 
     # ---- one step -------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
+        self._decode_steps_left = None
         step = self.policy.schedule(self)
         return make_batch(
             step.seqs,
@@ -299,6 +304,7 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
         """Account the step's computed tokens, append sampled tokens, finish what is done."""
+        self._decode_steps_left = None
         now = self.clock()
         finished, self._finished_outside_step = self._finished_outside_step, []
         if batch.kind == "decode":  # the hot path: every sequence computed its one pending token
@@ -565,13 +571,7 @@ class Scheduler:
         end = float(times[k])
         done = self._advance_run(times[: k + 1], end, token_id, check_stop=k == k_max)
         self._take_and_register_run_blocks(k, computed, near)
-        finished: list[Sequence] = []
-        if done:
-            max_model_len = self.config.max_model_len
-            for seq in done:
-                self._finish(seq, _stop_reason(seq, token_id, max_model_len), end, finished)
-            self.running = [s for s in running if s.status is RUNNING]
-        return k, end, finished
+        return k, end, self._finish_run(done, end, token_id, k_max - k if k_max < max_steps else None)
 
     def postprocess_and_fast_forward(
         self,
@@ -596,7 +596,8 @@ class Scheduler:
             times = decode_times(len(computed), sum(computed), max(computed) + 1, k_max, now, deadline)
             k, near = self._cap_run(len(times) - 1, computed, token_id)
             if k > 0:
-                return self._run_after_step(times[: k + 1], k == k_max, computed, near, token_id)
+                left = k_max - k if k_max < max_steps else None
+                return self._run_after_step(times[: k + 1], k == k_max, computed, near, token_id, left)
         finished = self.postprocess(batch, [token_id] * batch.num_seqs)
         return 0, now, finished
 
@@ -636,26 +637,43 @@ class Scheduler:
         return k, near
 
     def _run_after_step(
-        self, times: Seq[float], check_stop: bool, computed: list[int], near: list[int], token_id: int
+        self,
+        times: Seq[float],
+        check_stop: bool,
+        computed: list[int],
+        near: list[int],
+        token_id: int,
+        steps_left: int | None,
     ) -> tuple[int, float, list[Sequence]]:
         """Postprocess a step ending at times[0] in which every running request sampled and none
         finished, and run the len(times) - 1 decode steps after it (`computed`, `near`: as for
-        `_take_and_register_run_blocks`)."""
+        `_take_and_register_run_blocks`; `steps_left`: as for `_finish_run`)."""
+        self._decode_steps_left = None
         k, end = len(times) - 1, float(times[-1])
         done = self._advance_run(times, end, token_id, check_stop, sampled_at=times[0])
         self._take_and_register_run_blocks(k, computed, near)
+        return k, end, self._finish_run(done, end, token_id, steps_left)
+
+    def _finish_run(
+        self, done: list[Sequence], end: float, token_id: int, steps_left: int | None
+    ) -> list[Sequence]:
+        """Finish the requests a run ending at `end` finished; else remember `steps_left`, the steps
+        the running plain decodes can still run (None: not known)."""
+        self._decode_steps_left = None if done else steps_left
         finished: list[Sequence] = []
         if done:
             max_model_len = self.config.max_model_len
             for seq in done:
                 self._finish(seq, _stop_reason(seq, token_id, max_model_len), end, finished)
             self.running = [s for s in self.running if s.status is RUNNING]
-        return k, end, finished
+        return finished
 
     def _decode_run_limit(self, max_steps: int) -> int:
         """Decode steps that can run until (and with) the first in which a request finishes; 0 unless
         every running request is a plain decode (one pending token, a token already out, EOS
         ignored, blocks covering exactly its computed tokens, cache registered)."""
+        if self._decode_steps_left is not None:  # nothing changed since a run checked them
+            return min(self._decode_steps_left, max_steps)
         bs = self.block_manager.block_size
         caching = self.block_manager.enable_prefix_caching
         k_max = max_steps
