@@ -98,7 +98,8 @@ def make_batch(
     """Build a ScheduledBatch and its totals from the per-sequence grants of one step.
 
     The caller may say what it knows: `all_decodes`, every grant is one token that completes its
-    sequence; `num_leading_decodes`, the first that many grants are (only the rest are inspected).
+    sequence (a decode: no prefix hit); `num_leading_decodes`, the first that many grants are (only
+    the rest are inspected).
     """
     k = len(seqs) if all_decodes else num_leading_decodes
     if k == len(seqs) and seqs:
@@ -137,9 +138,9 @@ def make_batch(
         num_kv_blocks_used=num_kv_blocks_used,
         kind=kind,
         num_prefill_seqs=num_prefill_seqs,
-        total_num_scheduled_tokens=sum(num_new),
+        total_num_scheduled_tokens=k + sum(num_new[k:]),  # a token per leading decode
         num_prefill_tokens=num_prefill_tokens,
-        total_num_cached_tokens=sum(cached),
+        total_num_cached_tokens=sum(cached[k:]),  # no hits for the leading decodes
         num_context_tokens=sum(computed),
         max_seq_len=max_seq_len,
         prefill_attn_work=float(sum(prefill_terms)) if num_prefill_seqs else 0.0,
