@@ -649,7 +649,6 @@ class Scheduler:
         """Postprocess a step ending at times[0] in which every running request sampled and none
         finished, and run the len(times) - 1 decode steps after it (`computed`, `near`: as for
         `_take_and_register_run_blocks`; `steps_left`: as for `_finish_run`)."""
-        self._decode_steps_left = None
         k, end = len(times) - 1, float(times[-1])
         done = self._advance_run(times, end, token_id, check_stop, sampled_at=times[0])
         self._take_and_register_run_blocks(k, computed, near)
