@@ -100,7 +100,9 @@ class BlockManager:
         self.free_cached: deque[int | _LazyChain] = deque()
         self._num_stale: dict[int, int] = {}  # block id -> entries of free_cached that a hit left
         self._num_stale_total = 0
-        self.ref_counts = [0] * num_blocks
+        # per block, the sequences holding it; but a freed lazy chain's blocks keep the 1 of their
+        # sequence until they are evicted (to 1 again) or materialized: `ref_counts` corrects them
+        self._ref_counts = [0] * num_blocks
         # per block, while it is registered in the cache: its hash, and where its tokens are for the
         # token check on a hit (a token list of the sequence that filled it, which only grows, and
         # the block's index in that sequence: mostly small ints, which cost no allocation)
@@ -144,7 +146,24 @@ class BlockManager:
 
     def ref_count(self, block_id: int) -> int:
         """Sequences holding `block_id`."""
-        return self.ref_counts[block_id]
+        return 0 if block_id in self._lazy_free_blocks() else self._ref_counts[block_id]
+
+    @property
+    def ref_counts(self) -> list[int]:
+        """Sequences holding each block: a snapshot."""
+        counts = list(self._ref_counts)
+        for block_id in self._lazy_free_blocks():
+            counts[block_id] = 0
+        return counts
+
+    def _lazy_free_blocks(self) -> set[int]:
+        """The free blocks of the freed lazy chains (their stored ref count is their sequence's 1)."""
+        return {
+            block_id
+            for entry in self.free_cached
+            if entry.__class__ is _LazyChain and not entry.materialized
+            for block_id in entry.free_blocks
+        }
 
     @property
     def hash_to_block_id(self) -> dict[int, int]:
@@ -228,7 +247,7 @@ class BlockManager:
         have = len(seq.block_table) + (len(hits) if hits else 0)
         need = max(0, cdiv(num_tokens, self.block_size) - have)
         if hits:
-            ref_counts = self.ref_counts
+            ref_counts = self._ref_counts
             need += sum(1 for b in hits if not ref_counts[b])
         return need
 
@@ -240,7 +259,7 @@ class BlockManager:
         if hits:
             if self.num_blocks_needed(seq, num_tokens, hits) > self.num_free_blocks:
                 return False
-            ref_counts, stale = self.ref_counts, self._num_stale
+            ref_counts, stale = self._ref_counts, self._num_stale
             for block_id in hits:
                 if not ref_counts[block_id]:  # free: its free_cached entry is now stale
                     stale[block_id] = stale.get(block_id, 0) + 1
@@ -265,7 +284,7 @@ class BlockManager:
     def take_free_blocks(self, table: list[int], num: int) -> None:
         """Append `num` blocks from the front of the free list to `table`, evicting cached prefixes."""
         self.num_free_blocks -= num
-        uncached, ref_counts = self.free_uncached, self.ref_counts
+        uncached, ref_counts = self.free_uncached, self._ref_counts
         if uncached:
             if num == 1:  # a decode opening a block
                 block_id = uncached.pop()
@@ -282,6 +301,8 @@ class BlockManager:
                 return
         # the rest are cached blocks, least recently freed first: evict the prefixes they hold
         self.num_evictions += num
+        if num == 1 and self._take_one_lazy(table):  # a decode opening a block, the usual case
+            return
         popleft, stale = self.free_cached.popleft, self._num_stale
         hashes, srcs, hash_to_block_id = self.cached_hashes, self.cached_token_srcs, self._hash_to_block_id
         indices, lazy_chains = self.cached_block_indices, self._lazy_chains
@@ -304,6 +325,15 @@ class BlockManager:
             table.append(block_id)
             num -= 1
 
+    def _take_one_lazy(self, table: list[int]) -> bool:
+        """`take_free_blocks` of one cached block when the front of the free list is a freed lazy chain
+        that keeps more than that block: its last block, the chain staying in front; else False."""
+        chain = self.free_cached[0]
+        if chain.__class__ is not _LazyChain or chain.materialized or len(chain.free_blocks) < 2:
+            return False
+        table.append(chain.free_blocks.pop())  # its stored ref count is already 1 (see `_free_lazy`)
+        return True
+
     def _evict_lazy_blocks(self, chain: _LazyChain, num: int, table: list[int]) -> int:
         """Append up to `num` of the free blocks of `chain` (just taken off the front of free_cached)
         to `table`, last first, putting the chain back in front if some are left; returns how many."""
@@ -312,11 +342,8 @@ class BlockManager:
             self.free_cached.extendleft(blocks)
             return 0
         n = min(num, len(blocks))
-        taken = blocks[: -n - 1 : -1]
+        taken = blocks[: -n - 1 : -1]  # their stored ref count is already 1 (see `_free_lazy`)
         del blocks[-n:]
-        ref_counts = self.ref_counts
-        for block_id in taken:
-            ref_counts[block_id] = 1
         table += taken
         if blocks:
             self.free_cached.appendleft(chain)
@@ -402,6 +429,9 @@ class BlockManager:
         else:
             blocks = chain.free_blocks
             chain.materialized = True
+            ref_counts = self._ref_counts
+            for block_id in blocks:
+                ref_counts[block_id] = 0  # free, registered from now on (see `_free_lazy`)
         tokens = chain.token_ids
         hashes = self._extend_hash_chain(chain.block_hashes, tokens, len(blocks) + 1)
         setdefault = self._hash_to_block_id.setdefault
@@ -422,6 +452,7 @@ class BlockManager:
         if self.num_used_blocks:
             raise RuntimeError(f"reset_prefix_cache: {self.num_used_blocks} blocks are still in use")
         n = self.num_blocks
+        self._ref_counts = [0] * n  # freed lazy chains' blocks kept their 1
         self.cached_hashes = [None] * n
         self.cached_token_srcs = [None] * n
         self._hash_to_block_id.clear()
@@ -445,7 +476,7 @@ class BlockManager:
         seq.num_cached_blocks = 0
 
     def _free_blocks(self, table: list[int]) -> None:
-        ref_counts, cached_hashes = self.ref_counts, self.cached_hashes
+        ref_counts, cached_hashes = self._ref_counts, self.cached_hashes
         to_front, to_back = self.free_uncached.append, self.free_cached.append
         num_freed = 0
         for block_id in reversed(table):
@@ -464,9 +495,11 @@ class BlockManager:
         the next ones lazy, the rest (a partial tail) uncached; the lazy ones go as one entry."""
         table, n = seq.block_table, seq.num_cached_blocks
         chain = self._lazy_chains[table[0]]
-        ref_counts = self.ref_counts
-        for block_id in table:
+        ref_counts = self._ref_counts
+        ref_counts[table[0]] = 0
+        for block_id in table[n:]:
             ref_counts[block_id] = 0
+        # the lazy blocks keep their 1: eviction hands them out with it, a materialization zeroes it
         self.free_uncached += table[: n - 1 : -1]
         if n > 1:
             chain.free_blocks = table[1:n]

@@ -98,7 +98,8 @@ def make_batch(
     """Build a ScheduledBatch and its totals from the per-sequence grants of one step.
 
     The caller may say what it knows: `all_decodes`, every grant is one token that completes its
-    sequence; `num_leading_decodes`, the first that many grants are (only the rest are inspected).
+    sequence (a decode: no prefix hit); `num_leading_decodes`, the first that many grants are (only
+    the rest are inspected).
     """
     k = len(seqs) if all_decodes else num_leading_decodes
     if k == len(seqs) and seqs:
@@ -137,9 +138,9 @@ def make_batch(
         num_kv_blocks_used=num_kv_blocks_used,
         kind=kind,
         num_prefill_seqs=num_prefill_seqs,
-        total_num_scheduled_tokens=sum(num_new),
+        total_num_scheduled_tokens=k + sum(num_new[k:]),  # a token per leading decode
         num_prefill_tokens=num_prefill_tokens,
-        total_num_cached_tokens=sum(cached),
+        total_num_cached_tokens=sum(cached[k:]),  # no hits for the leading decodes
         num_context_tokens=sum(computed),
         max_seq_len=max_seq_len,
         prefill_attn_work=float(sum(prefill_terms)) if num_prefill_seqs else 0.0,
@@ -238,6 +239,10 @@ class Scheduler:
         self.num_rejected = 0
         self._next_seq_id = 0
         self._finished_outside_step: list[Sequence] = []
+        # Decode steps until the first running request finishes, known while every running request is
+        # a plain decode: set by a run that finished none, cleared by `schedule` and `postprocess`
+        # (nothing else changes the running requests), so the next run need not check them again.
+        self._decode_steps_left: int | None = None
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -286,6 +291,7 @@ class Scheduler:
 
     # ---- one step -------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
+        self._decode_steps_left = None
         step = self.policy.schedule(self)
         return make_batch(
             step.seqs,
@@ -299,6 +305,7 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
         """Account the step's computed tokens, append sampled tokens, finish what is done."""
+        self._decode_steps_left = None
         now = self.clock()
         finished, self._finished_outside_step = self._finished_outside_step, []
         if batch.kind == "decode":  # the hot path: every sequence computed its one pending token
@@ -557,26 +564,116 @@ class Scheduler:
         times = decode_times(len(running), sum(computed), max(computed) + 1, k_max, start, deadline)
         k = len(times) - 1
         near = _near_block_ends(computed, self.block_manager.block_size, k)
-        k = self._steps_before_preemption(k, near)
+        k = self._steps_before_preemption(k, near, computed)
         if self.waiting and self.block_manager.enable_prefix_caching:
-            k = self._stop_before_new_hit(k, token_id, near)
+            k = self._stop_before_new_hit(k, token_id, near, computed)
         if k <= 0:
             return 0, start, []
         end = float(times[k])
         done = self._advance_run(times[: k + 1], end, token_id, check_stop=k == k_max)
         self._take_and_register_run_blocks(k, computed, near)
+        return k, end, self._finish_run(done, end, token_id, k_max - k if k_max < max_steps else None)
+
+    def postprocess_and_fast_forward(
+        self,
+        batch: ScheduledBatch,
+        decode_times: DecodeTimes,
+        deadline: float,
+        token_id: int = 0,
+        max_steps: int = 1 << 30,
+    ) -> tuple[int, float, list[Sequence]]:
+        """`postprocess(batch, [token_id] * n)`, then `fast_forward(decode_times, now, deadline,
+        token_id, max_steps)` from the clock's time now, the step's end: in one pass over the
+        running requests when all of them sample in the step and a run follows it (a mixed step's
+        decodes and the prompts it completed go on as plain decodes).
+        Returns (steps run after the step, end time, requests finished: in the step when no step
+        ran after it, else in the run's last step)."""
+        now = self.clock()
+        computed: list[int] = []  # after the step
+        k_max = 0
+        if not self._finished_outside_step and self.waiting_blocked():
+            k_max = self._run_limit_after_step(batch, max_steps, computed)
+        if k_max > 0:
+            times = decode_times(len(computed), sum(computed), max(computed) + 1, k_max, now, deadline)
+            k, near = self._cap_run(len(times) - 1, computed, token_id)
+            if k > 0:
+                left = k_max - k if k_max < max_steps else None
+                return self._run_after_step(times[: k + 1], k == k_max, computed, near, token_id, left)
+        finished = self.postprocess(batch, [token_id] * batch.num_seqs)
+        return 0, now, finished
+
+    def _run_limit_after_step(self, batch: ScheduledBatch, max_steps: int, computed: list[int]) -> int:
+        """`_decode_run_limit` of the state after `batch` is postprocessed: 0 unless every running
+        request samples in it (then it becomes a plain decode, barring EOS and its blocks); fills
+        `computed` with their computed tokens after it."""
+        running = self.running
+        if len(batch.seqs) != len(running) or batch.preempted_seq_ids or not all(batch.do_sample):
+            return 0  # (without preemption the step's requests are all the running ones, in order)
+        bs = self.block_manager.block_size
+        caching = self.block_manager.enable_prefix_caching
+        k_max = max_steps
+        add = computed.append
+        for seq in running:
+            c = len(seq.token_ids)  # a sampling step computes every pending token
+            left = seq.stop_num_tokens - c - 1  # steps after this one's sample (0: it finishes)
+            if left < k_max:
+                if left <= 0:
+                    return 0
+                k_max = left
+            if not seq.ignore_eos:
+                return 0
+            if len(seq.block_table) != -(-c // bs) or (caching and seq.num_cached_blocks != c // bs):
+                return 0
+            add(c)
+        return k_max
+
+    def _cap_run(self, k: int, computed: list[int], token_id: int) -> tuple[int, list[int]]:
+        """Cap a run of k decode steps of the running requests (`computed` tokens before it) before a
+        preemption or a new prefix hit of the waiting head (see `fast_forward`); with the run's
+        `near` indices (`_near_block_ends` of k)."""
+        near = _near_block_ends(computed, self.block_manager.block_size, k)
+        k = self._steps_before_preemption(k, near, computed)
+        if self.waiting and self.block_manager.enable_prefix_caching:
+            k = self._stop_before_new_hit(k, token_id, near, computed)
+        return k, near
+
+    def _run_after_step(
+        self,
+        times: Seq[float],
+        check_stop: bool,
+        computed: list[int],
+        near: list[int],
+        token_id: int,
+        steps_left: int | None,
+    ) -> tuple[int, float, list[Sequence]]:
+        """Postprocess a step ending at times[0] in which every running request sampled and none
+        finished, and run the len(times) - 1 decode steps after it (`computed`, `near`: as for
+        `_take_and_register_run_blocks`; `steps_left`: as for `_finish_run`)."""
+        k, end = len(times) - 1, float(times[-1])
+        done = self._advance_run(times, end, token_id, check_stop, sampled_at=times[0])
+        self._take_and_register_run_blocks(k, computed, near)
+        return k, end, self._finish_run(done, end, token_id, steps_left)
+
+    def _finish_run(
+        self, done: list[Sequence], end: float, token_id: int, steps_left: int | None
+    ) -> list[Sequence]:
+        """Finish the requests a run ending at `end` finished; else remember `steps_left`, the steps
+        the running plain decodes can still run (None: not known)."""
+        self._decode_steps_left = None if done else steps_left
         finished: list[Sequence] = []
         if done:
             max_model_len = self.config.max_model_len
             for seq in done:
                 self._finish(seq, _stop_reason(seq, token_id, max_model_len), end, finished)
-            self.running = [s for s in running if s.status is RUNNING]
-        return k, end, finished
+            self.running = [s for s in self.running if s.status is RUNNING]
+        return finished
 
     def _decode_run_limit(self, max_steps: int) -> int:
         """Decode steps that can run until (and with) the first in which a request finishes; 0 unless
         every running request is a plain decode (one pending token, a token already out, EOS
         ignored, blocks covering exactly its computed tokens, cache registered)."""
+        if self._decode_steps_left is not None:  # nothing changed since a run checked them
+            return min(self._decode_steps_left, max_steps)
         bs = self.block_manager.block_size
         caching = self.block_manager.enable_prefix_caching
         k_max = max_steps
@@ -592,9 +689,10 @@ class Scheduler:
                 k_max = left
         return k_max
 
-    def _steps_before_preemption(self, k: int, near: list[int]) -> int:
+    def _steps_before_preemption(self, k: int, near: list[int], computed: list[int]) -> int:
         """Cap a run of k decode steps before the first step whose new block finds the free list
-        empty (stepping would preempt there). `near`: running indices, `_near_block_ends` of k.
+        empty (stepping would preempt there). `near`: running indices, `_near_block_ends` of k;
+        `computed`: the running requests' computed tokens before the run.
 
         A sequence whose blocks cover its c computed tokens opens its next block at step
         len(block_table) * bs - c + 1, in 1..bs, and one more every bs steps; so stepping allocates
@@ -603,20 +701,21 @@ class Scheduler:
         bs, free = bm.block_size, bm.num_free_blocks
         need = 0
         for idx in near:
-            seq = running[idx]
-            more = -(-(seq.num_computed_tokens + k) // bs) - len(seq.block_table)
+            more = -(-(computed[idx] + k) // bs) - len(running[idx].block_table)
             if more > 0:
                 need += more
         if need <= free:
             return k
-        firsts = sorted(len(s.block_table) * bs - s.num_computed_tokens + 1 for s in running)
+        firsts = sorted(len(s.block_table) * bs - c + 1 for s, c in zip(running, computed))
         rounds, i = divmod(free, len(running))
         return firsts[i] + rounds * bs - 1  # the step before allocation number `free` (from 0)
 
-    def _stop_before_new_hit(self, k: int, token_id: int, near: list[int]) -> int:
+    def _stop_before_new_hit(self, k: int, token_id: int, near: list[int], computed: list[int]) -> int:
         """Cap a run of k steps before the step in which a running request would register the
         block that extends the waiting head's cached prefix (stepping would re-check admission).
-        `near`: running indices, `_near_block_ends` of k (the others fill no block)."""
+        `near`: running indices, `_near_block_ends` of k (the others fill no block); `computed`:
+        the running requests' computed tokens before the run (tokens past the end of a request's
+        list are `token_id`, as the run samples)."""
         bm, head = self.block_manager, self.waiting[0]
         bs = bm.block_size
         h = len(bm.lookup_prefix(head))
@@ -633,7 +732,7 @@ class Scheduler:
             # registers lazily has another first block (and no hash memo to read beyond it)
             if h and (bm.registers_lazily(seq) or seq.block_hashes[h - 1] != prev):
                 continue
-            step = (h + 1) * bs - seq.num_computed_tokens  # the step that fills its block h
+            step = (h + 1) * bs - computed[idx]  # the step that fills its block h
             if step <= k:
                 tokens = seq.token_ids[h * bs : (h + 1) * bs]
                 tokens += [token_id] * (bs - len(tokens))
@@ -641,13 +740,24 @@ class Scheduler:
                     k = step - 1
         return k
 
-    def _advance_run(self, times: Seq[float], end: float, token_id: int, check_stop: bool) -> list[Sequence]:
+    def _advance_run(
+        self,
+        times: Seq[float],
+        end: float,
+        token_id: int,
+        check_stop: bool,
+        sampled_at: float | None = None,
+    ) -> list[Sequence]:
         """Give every running request the tokens of len(times) - 1 decode steps ending at
         `times[1:]` and record their inter-token gaps (blocks: `_take_and_register_run_blocks`).
-        With `check_stop`, return the requests that the run finished, in running order."""
+        With `sampled_at`, the end of a step just run in which every running request computed all
+        its pending tokens, each first gets that step's token `token_id` (a request's first token
+        if it had none). With `check_stop`, return the requests that the run finished, in running
+        order."""
         k = len(times) - 1
         running = self.running
-        new_tokens = [token_id] * k
+        new_tokens = [token_id] * (k if sampled_at is None else k + 1)
+        first_time = float(times[1]) if sampled_at is None else sampled_at  # of each first new token
         gaps: dict[float, int] = {}  # previous token time -> tokens that had it
         run_last: object = _NO_TIME  # the previous token time of a run of sequences (most share one)
         run = 0
@@ -655,21 +765,26 @@ class Scheduler:
         for seq in running:
             tokens = seq.token_ids
             tokens.extend(new_tokens)
-            seq.num_computed_tokens += k
+            n = len(tokens)
+            seq.num_computed_tokens = n - 1  # every token but the one sampled last
             last = seq.last_token_time
             if last is run_last:
                 run += 1
+            elif last is None:
+                seq.first_token_time = first_time
             else:
                 if run:
                     gaps[run_last] = gaps.get(run_last, 0) + run
                 run_last, run = last, 1
             seq.last_token_time = end
-            if check_stop and len(tokens) >= seq.stop_num_tokens:  # EOS is ignored (run limit)
+            if check_stop and n >= seq.stop_num_tokens:  # EOS is ignored (run limit)
                 done.append(seq)
         if run:
             gaps[run_last] = gaps.get(run_last, 0) + run
         if self.record_itl:
-            self._record_gaps(float(times[1]), gaps)
+            self._record_gaps(first_time, gaps)
+            if sampled_at is not None:  # the run's first step: every token's previous came then
+                self._record_gaps(float(times[1]), {sampled_at: len(running)})
             if k > 1:
                 self.itl_runs.append((array("d", times[1:]), len(running)))  # 8 bytes a step
         return done

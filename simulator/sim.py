@@ -2,7 +2,7 @@
 
 One arrival process replays a Trace through a router; one process per replica loops
 `schedule -> wait(latency) -> postprocess`, or collapses a run of decode-only steps with the
-scheduler's exact `fast_forward`. A replica waits in SimPy only where it could meet an arrival (its
+scheduler's exact `fast_forward` (or, after a step, `postprocess_and_fast_forward`). A replica waits in SimPy only where it could meet an arrival (its
 steps that end earlier run back to back, landing on the same times). No scheduling logic lives here.
 """
 
@@ -120,15 +120,21 @@ class Replica:
         before the pending one is not waited for in SimPy: the next is computed at once. `now`
         follows the time SimPy would be at after each wait (now + max(0, end - now)); as soon as it
         reaches the pending arrival's event time (a tie included), the replica takes the waits it
-        owes and lands on exactly that time, as if it had waited for every step."""
+        owes and lands on exactly that time, as if it had waited for every step. A step's postprocess
+        also runs the decode steps that `fast_forward` would run next (nothing happens in between
+        but a timeline sample, so not where one is due): that run is the next segment."""
         env, sched, counters = self.env, self.scheduler, self.counters
         fast_forward = sched.fast_forward if self.config.fast_forward else None
+        fuse = fast_forward is not None  # a step's postprocess and the run after it in one call
         arrival, chain, interval = self.arrival, self.chain_steps, self.config.timeline_interval_s
         now, owed, segments = env.now, [], 0
-        while sched.has_unfinished():
+        pending = None  # (steps, end, finished) of a run that a step's postprocess ran: the next segment
+        while pending is not None or sched.has_unfinished():
             start = self.clock
             batch, k = None, 0
-            if fast_forward is not None:
+            if pending is not None:
+                (k, end, finished), pending = pending, None
+            elif fast_forward is not None:
                 k, end, finished = fast_forward(self.decode_times, start, arrival.time, SIM_TOKEN_ID)
             if k:
                 counters.num_fast_forwards += 1
@@ -160,7 +166,16 @@ class Replica:
             else:
                 counters.num_steps += 1
                 counters.busy_s += step_s
-                self._finish_all(sched.postprocess(batch, [SIM_TOKEN_ID] * batch.num_seqs))
+                # with the run after the step where no timeline sample is due between them
+                if fuse and end - self._last_sample < interval:
+                    num, run_end, finished = sched.postprocess_and_fast_forward(
+                        batch, self.decode_times, arrival.time, SIM_TOKEN_ID
+                    )
+                    if num:
+                        pending, finished = (num, run_end, finished), []
+                else:
+                    finished = sched.postprocess(batch, [SIM_TOKEN_ID] * batch.num_seqs)
+                self._finish_all(finished)
             segments += 1
             # a timeline sample when one is due; the ITL's size every 256 steps and runs (binning
             # sooner or later gives the same integer counts)

@@ -111,12 +111,17 @@ class Run:
     finished: list[tuple[float, int]] = field(default_factory=list)  # (time handed back, seq id)
     num_ff_calls: int = 0  # fast_forward calls that collapsed at least one step
     num_ff_steps: int = 0  # steps collapsed by fast_forward
+    num_fused: int = 0  # steps whose postprocess ran the decode run after them (`fuse_steps`)
     end_time: float = 0.0
 
 
-def drive(w: Workload, use_fast_forward: bool, max_iterations: int = 200_000) -> Run:
+def drive(
+    w: Workload, use_fast_forward: bool, max_iterations: int = 200_000, fuse_steps: bool = False
+) -> Run:
     """Run `w` to completion the way the simulator does: arrivals join when the clock reaches them,
-    decode-only stretches are collapsed by `fast_forward` (when enabled), every sequence samples 0."""
+    decode-only stretches are collapsed by `fast_forward` (when enabled), every sequence samples 0.
+    With `fuse_steps`, a step's postprocess and the run after it are one
+    `postprocess_and_fast_forward` call (the requests that arrived during the step join first)."""
     sched, bm, clock = make_scheduler(
         block_size=w.block_size,
         num_blocks=w.num_blocks,
@@ -129,12 +134,19 @@ def drive(w: Workload, use_fast_forward: bool, max_iterations: int = 200_000) ->
     )
     run = Run(sched, bm, [])
     arrivals, i = w.arrivals, 0
-    for _ in range(max_iterations):
+
+    def join_arrivals() -> float:
+        """Add the requests that arrived by now; the next arrival time."""
+        nonlocal i
         while i < len(arrivals) and clock.t >= arrivals[i][0]:
             t_arr, prompt, max_tokens = arrivals[i]
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
             run.seqs.append(sched.add_request(prompt, params, arrival_time=t_arr))
             i += 1
+        return arrivals[i][0] if i < len(arrivals) else math.inf
+
+    for _ in range(max_iterations):
+        join_arrivals()
         if i == len(arrivals) and not sched.has_unfinished():
             run.end_time = clock.t
             return run
@@ -158,7 +170,15 @@ def drive(w: Workload, use_fast_forward: bool, max_iterations: int = 200_000) ->
             continue
         run.steps.append(batch_summary(batch))
         clock.t = clock.t + step_latency(batch)
-        finished = sched.postprocess(batch, [0] * batch.num_seqs)
+        if fuse_steps:
+            k, t_end, finished = sched.postprocess_and_fast_forward(batch, decode_times, join_arrivals())
+            if k > 0:
+                clock.t = t_end
+                run.num_ff_calls += 1
+                run.num_ff_steps += k
+                run.num_fused += 1
+        else:
+            finished = sched.postprocess(batch, [0] * batch.num_seqs)
         run.finished.extend((clock.t, s.seq_id) for s in finished)
     raise AssertionError(f"workload did not finish within {max_iterations} iterations")
 

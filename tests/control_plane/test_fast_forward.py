@@ -19,6 +19,7 @@ import pytest
 from cp_helpers import (
     Workload,
     block_manager_state,
+    decode_step_time,
     decode_times,
     drive,
     itl_counts,
@@ -66,6 +67,14 @@ def compare(w: Workload):
     assert stepped.num_ff_steps == 0
     assert_same_run(stepped, forwarded)
     return stepped, forwarded
+
+
+def compare_fused(w: Workload):
+    """Fast-forward with each step's postprocess fused with the run after it, against stepping."""
+    stepped = drive(w, use_fast_forward=False)
+    fused = drive(w, use_fast_forward=True, fuse_steps=True)
+    assert_same_run(stepped, fused)
+    return stepped, fused
 
 
 # ---- random workloads ---------------------------------------------------------------------------------
@@ -136,6 +145,20 @@ def test_lazy_fast_forward_equals_eager_stepping_on_random_workloads(w):
     compare_lazy_forwarded_with_eager_stepped(w)
 
 
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(workloads(), crowded_workloads()))
+def test_fused_postprocess_and_fast_forward_equals_stepping_on_random_workloads(w):
+    compare_fused(w)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(workloads(), crowded_workloads()))
+def test_lazy_fused_fast_forward_equals_eager_stepping_on_random_workloads(w):
+    stepped = drive(replace(w, lazy_registration=False), use_fast_forward=False)
+    fused = drive(replace(w, lazy_registration=True), use_fast_forward=True, fuse_steps=True)
+    assert_same_run(stepped, fused)
+
+
 # ---- one big deterministic case ---------------------------------------------------------------------------
 def big_workload(policy: str, enable_prefix_caching: bool, seed: int = 20240601) -> Workload:
     rng = random.Random(seed)
@@ -176,9 +199,54 @@ def test_fast_forward_equals_stepping_on_a_big_workload(policy, caching):
     assert forwarded.num_ff_calls < forwarded.num_ff_steps / 3
 
 
+@pytest.mark.parametrize(
+    ("policy", "caching"), [("chunked", True), ("chunked", False), ("prefill_first", True)]
+)
+def test_fused_fast_forward_equals_stepping_on_a_big_workload(policy, caching):
+    stepped, fused = compare_fused(big_workload(policy, caching))
+    forwarded = drive(big_workload(policy, caching), use_fast_forward=True)
+    # the same steps are stepped and collapsed; under chunked scheduling (decodes and prefills in
+    # one step) many steps ran the decode run after them in their postprocess
+    assert fused.num_fused > (100 if policy == "chunked" else 0)
+    assert fused.num_ff_steps == forwarded.num_ff_steps
+    assert len(fused.steps) == len(forwarded.steps)
+
+
 @pytest.mark.parametrize("policy", ["chunked", "prefill_first"])
 def test_lazy_fast_forward_equals_eager_stepping_on_a_big_workload(policy):
     compare_lazy_forwarded_with_eager_stepped(big_workload(policy, True))
+
+
+def test_postprocess_and_fast_forward_runs_the_decodes_after_a_mixed_step():
+    """A and B decode while C's prompt is computed in one mixed step; its postprocess then runs the
+    four decode steps of all three up to B's last token, as `fast_forward` would after it."""
+    sched, bm, clock = make_scheduler(block_size=4, num_blocks=64, max_num_batched_tokens=64)
+    a = sched.add_request([1, 2, 3], IGNORE_EOS(max_tokens=10), arrival_time=0.0)
+    b = sched.add_request([4, 5, 6, 7, 8], IGNORE_EOS(max_tokens=6), arrival_time=0.0)
+    first = sched.schedule()
+    clock.t = 0.5
+    sched.postprocess(first, [0, 0])
+    c = sched.add_request([9, 10, 11, 12], IGNORE_EOS(max_tokens=8), arrival_time=0.7)
+    clock.t = 1.0
+    mixed = sched.schedule()
+    assert mixed.kind == "mixed" and [s.seq_id for s in mixed.seqs] == [0, 1, 2]
+    clock.t = 1.25
+    k, end, finished = sched.postprocess_and_fast_forward(mixed, decode_times, math.inf)
+    # B has 2 of its 6 tokens after the mixed step: 4 more steps of 3 sequences, the first reading
+    # 4 + 6 + 4 cached tokens, the longest sequence then 7 long
+    assert (k, finished) == (4, [b])
+    assert end == accumulate_decode_times(decode_step_time, 3, 14, 7, 4, 1.25, math.inf)[4]
+    assert [len(s.token_ids) for s in (a, b, c)] == [3 + 6, 5 + 6, 4 + 5]
+    assert [s.num_computed_tokens for s in (a, c)] == [8, 8]
+    assert (c.first_scheduled_time, c.first_token_time, c.last_token_time) == (1.0, 1.25, end)
+    assert (a.first_token_time, a.last_token_time, b.finish_time) == (0.5, end, end)
+    assert sched.running == [a, c] and b.block_table == []
+    assert [len(s.block_table) for s in (a, c)] == [2, 2]  # 8 computed tokens each: 2 full blocks
+    assert a.num_cached_blocks == c.num_cached_blocks == 2
+    assert bm.num_used_blocks == 4
+    gaps = itl_counts(sched)
+    assert gaps[1.25 - 0.5] == 2  # A and B in the mixed step (C's first token has no gap)
+    assert sum(gaps.values()) == 2 + 3 * 4
 
 
 def test_fast_forward_collapses_a_pure_decode_run_into_one_call_per_finish():
