@@ -39,6 +39,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--browser", action="store_true", help="time the page in headless Chromium")
     ap.add_argument("--edit-scales", default="3.5,4.5", help="--browser: rate scales to edit to, in order")
+    ap.add_argument(
+        "--start-window",
+        type=float,
+        default=None,
+        help="--browser: open the page with this window (e.g. the page's default 300), then edit it to --window",
+    )
     args = ap.parse_args()
     if args.browser:
         return browser_main(args)
@@ -78,25 +84,39 @@ def browser_main(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "dashboard"))
     from dash_browser import Browser, streamlit_server
 
-    env = {"KVPLAN_DASHBOARD_WORKERS": str(args.workers), "KVPLAN_DASHBOARD_WINDOW_S": str(args.window)}
+    start_window = args.window if args.start_window is None else args.start_window
+    env = {"KVPLAN_DASHBOARD_WORKERS": str(args.workers), "KVPLAN_DASHBOARD_WINDOW_S": str(start_window)}
     with streamlit_server(env) as url, Browser() as browser:
         first = browser.load(f"{url}/whatif", "Best by", timeout=600, settle=2.0)
         _fail_on(first)
-        print(f"first load (pool start, trace load, 4 simulations, charts): {first.seconds:.1f} s, "
-              f"{first.charts} charts")  # fmt: skip
+        print(f"first load (window {start_window:g} s; pool start, trace load, 4 simulations, charts): "
+              f"{first.seconds:.1f} s, {first.charts} charts")  # fmt: skip
         walls = []
+        if start_window != args.window:
+            ready = "Simulating all of" if not args.window else f"Simulating the first {args.window:,.0f} s"
+            walls.append(
+                _timed_edit(browser, "Replay window (s, 0 = whole trace)", f"{args.window:g}", ready)
+            )
+            print(f"window {start_window:g} -> {args.window:g} s: rendered in {walls[-1]:.1f} s")
         for scale in (float(x) for x in args.edit_scales.split(",")):
-            t0 = time.monotonic()
-            browser.set_input("Rate scale (x faster)", f"{scale:g}")
-            started = time.monotonic()  # set_input returns once the script run has begun
-            state = browser.wait(f"at {scale:g}x", timeout=600, settle=2.0)
-            _fail_on(state)
-            walls.append(started - t0 + state.seconds)
-            print(f"rate scale {scale:g}x: rendered in {walls[-1]:.1f} s, {state.charts} charts")
-    best = min(walls) if walls else first.seconds
-    print(f"edits: {', '.join(f'{w:.1f}' for w in walls)} s; best {best:.1f} s "
-          f"({'within' if best <= TARGET_S else 'OVER'} the {TARGET_S:.0f} s target)")  # fmt: skip
+            walls.append(_timed_edit(browser, "Rate scale (x faster)", f"{scale:g}", f"at {scale:g}x"))
+            print(f"rate scale {scale:g}x: rendered in {walls[-1]:.1f} s")
+    worst = max(walls) if walls else first.seconds
+    print(f"edits: {', '.join(f'{w:.1f}' for w in walls)} s; slowest {worst:.1f} s "
+          f"({'within' if worst <= TARGET_S else 'OVER'} the {TARGET_S:.0f} s target)")  # fmt: skip
     return 0
+
+
+def _timed_edit(browser, label: str, value: str, ready_text: str) -> float:
+    """Seconds from typing `value` into the input `label` until the page has rendered again."""
+    t0 = time.monotonic()
+    browser.set_input(label, value)
+    started = time.monotonic()  # set_input returns once the script run has begun
+    state = browser.wait(ready_text, timeout=600, settle=2.0)
+    _fail_on(state)
+    if state.charts < 1:
+        raise RuntimeError(f"no chart after setting {label} to {value}")
+    return started - t0 + state.seconds
 
 
 def _fail_on(state) -> None:
