@@ -65,6 +65,12 @@ _PROBE_JS = """(() => {
 })()"""
 
 
+# Runs in the page: only the script's run state, cheap enough to poll while a run computes (the full
+# probe reads all text, which lays the page out: on a 2-core machine it competes with the run).
+_RUN_STATE_JS = """(() => { const app = document.querySelector('[data-testid="stApp"]');
+  return app ? app.getAttribute("data-test-script-state") : null; })()"""
+
+
 def find_chromium() -> str | None:
     for name in CHROMIUM_NAMES:
         path = shutil.which(name)
@@ -223,6 +229,12 @@ class Browser:
         out = self.call("Runtime.evaluate", expression=_PROBE_JS, returnByValue=True)
         return json.loads(out["result"]["value"])
 
+    def run_state(self) -> str | None:
+        """The script's run state alone ("running", "notRunning", ...): a cheap probe."""
+        return self.call("Runtime.evaluate", expression=_RUN_STATE_JS, returnByValue=True)["result"].get(
+            "value"
+        )
+
     def load(self, url: str, ready_text: str, timeout: float = 60.0, settle: float = 1.0) -> PageState:
         """Open `url` and wait until the page shows `ready_text` (see `wait`)."""
         self.call("Page.navigate", url=url)
@@ -234,6 +246,9 @@ class Browser:
         t0 = time.monotonic()
         last, stable_since = None, None
         while True:
+            if self.run_state() == "running" and time.monotonic() - t0 < timeout:
+                time.sleep(0.1)  # a run is computing: poll the cheap way until it ends
+                continue
             state = self.probe()
             now = time.monotonic()
             if state["exceptions"]:
