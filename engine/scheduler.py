@@ -562,11 +562,7 @@ class Scheduler:
             return 0, start, []
         computed = list(map(_get_num_computed_tokens, running))
         times = decode_times(len(running), sum(computed), max(computed) + 1, k_max, start, deadline)
-        k = len(times) - 1
-        near = _near_block_ends(computed, self.block_manager.block_size, k)
-        k = self._steps_before_preemption(k, near, computed)
-        if self.waiting and self.block_manager.enable_prefix_caching:
-            k = self._stop_before_new_hit(k, token_id, near, computed)
+        k, near = self._cap_run(len(times) - 1, computed, token_id)
         if k <= 0:
             return 0, start, []
         end = float(times[k])
