@@ -103,22 +103,21 @@ class FlashAttnCuteBackend(AttentionBackend):
         """Split-KV decode. The split count depends on the batch size and `max_seqlen_k` only; under a
         decode graph capture the runner sets `max_seqlen_k` to max_model_len, so a replay keeps it
         (the kernel splits each sequence's actual context itself)."""
-        if self._num_sms is None:
-            self._num_sms = _num_sms(q.device)
         if q.stride(-1) != 1:
             q = q.contiguous()
         num_splits = self._triton.choose_num_splits(
-            q.shape[0], k_cache.shape[2], md.max_seqlen_k, k_cache.shape[1], self._num_sms
+            q.shape[0], k_cache.shape[2], md.max_seqlen_k, k_cache.shape[1], self.num_sms(q.device)
         )
         return self.decode_fn(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits)
 
-    def num_sms(self) -> int:
-        """SMs of the GPU the Triton decode kernel splits for (the current CUDA device; 132 off the GPU)."""
+    def num_sms(self, device: torch.device | None = None) -> int:
+        """SMs of the GPU the Triton decode kernel splits for, found once (on `device`, else the
+        current CUDA device; 132 off the GPU)."""
         if self._num_sms is None:
-            cuda = torch.cuda.is_available()
-            self._num_sms = _num_sms(
-                torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-            )
+            if device is None:
+                cuda = torch.cuda.is_available()
+                device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+            self._num_sms = _num_sms(device)
         return self._num_sms
 
     def compile_count(self) -> int:
