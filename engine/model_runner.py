@@ -21,7 +21,7 @@ from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
 from engine.config import ModelSpec, cdiv, num_kv_blocks
 from engine.kv_cache import KVCache
-from engine.layers import triton_ops
+from engine.layers import gemv, triton_ops
 from engine.layers.distributed import min_over_ranks
 from engine.layers.layernorm import LAYER_IMPLS
 from engine.loader import load_weights
@@ -374,7 +374,7 @@ class ModelRunner:
 
     def compile_count(self) -> int:
         """Kernel variants compiled so far (attention backend + torch.compile graphs)."""
-        count = self.backend.compile_count() + triton_ops.compiled_variants()
+        count = self.backend.compile_count() + triton_ops.compiled_variants() + gemv.compiled_variants()
         if self.cuda:
             from torch._dynamo.utils import counters
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers import gemv
 from engine.layers.distributed import all_reduce, resolve_tp
 
 
@@ -20,7 +21,8 @@ def _divide(a: int, b: int, what: str) -> int:
 
 
 class LinearBase(nn.Module):
-    """y = x W^T (+ b) with W of shape (output_size_per_rank, input_size_per_rank)."""
+    """y = x W^T (+ b) with W of shape (output_size_per_rank, input_size_per_rank). With impl "triton"
+    (set by the model runner), batches of up to gemv.MAX_ROWS rows go to the Triton GEMV kernel."""
 
     def __init__(
         self,
@@ -39,12 +41,18 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.impl = "torch"
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.impl == "triton" and gemv.serves(x, self.weight):
+            return gemv.linear(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -154,4 +162,10 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None
-        return all_reduce(F.linear(x, self.weight, bias), self.tp_size)
+        return all_reduce(self.matmul(x, bias), self.tp_size)
+
+    def silu_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """forward(silu(gate) * up) of a merged [M, 2I] gate/up row block, fused into the Triton GEMV
+        (callers check `gemv.serves` first)."""
+        bias = self.bias if self.tp_rank == 0 else None
+        return all_reduce(gemv.silu_linear(gate_up, self.weight, bias), self.tp_size)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelSpec
-from engine.layers import triton_ops
+from engine.layers import gemv, triton_ops
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import Attention
 from engine.layers.distributed import resolve_tp
@@ -51,7 +51,13 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, H, D], k and v [T, Hkv, D] of the tokens: projection, q/k norm (Qwen3), rotary."""
-        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.split_heads(positions, self.qkv_proj(hidden_states))
+
+    def split_heads(
+        self, positions: torch.Tensor, qkv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of the projected rows qkv [T, (H + 2 Hkv) D]: q/k norm (Qwen3), rotary."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -101,6 +107,12 @@ class LlamaDecoderLayer(nn.Module):
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Input norm (adding the residual) and q/k/v: (q, k, v, residual)."""
+        if self.fused_small_batch(hidden_states):  # norm fused into the QKV projection
+            norm, proj = self.input_layernorm, self.self_attn.qkv_proj
+            qkv, residual = gemv.norm_linear(
+                hidden_states, residual, norm.weight, norm.eps, proj.weight, proj.bias
+            )
+            return *self.self_attn.split_heads(positions, qkv), residual
         if residual is None:
             hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
         else:
@@ -113,8 +125,20 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Output projection, post-attention norm (adding the residual) and MLP: (hidden, residual)."""
         hidden_states = self.self_attn.o_proj(attn_out)
+        if self.fused_small_batch(hidden_states):  # norm fused into gate/up, SiLU into down
+            norm, mlp = self.post_attention_layernorm, self.mlp
+            gate_up, residual = gemv.norm_linear(
+                hidden_states, residual, norm.weight, norm.eps, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
+            )
+            return mlp.down_proj.silu_forward(gate_up), residual
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
+
+    def fused_small_batch(self, hidden_states: torch.Tensor) -> bool:
+        """Small batches on the Triton layers take the fused GEMV kernels (engine/layers/gemv.py)."""
+        return self.input_layernorm.impl == "triton" and gemv.serves(
+            hidden_states, self.mlp.gate_up_proj.weight
+        )
 
 
 class LlamaModel(nn.Module):
