@@ -49,6 +49,30 @@ def profile_steps(llm: LLM, steps: int) -> tuple[float, float, list[tuple[str, f
     return wall, sum(r[1] for r in rows) / 1e3, rows
 
 
+def profile_host(llm: LLM, steps: int, top: int) -> None:
+    """cProfile of `steps` plain decode steps of one greedy request (what single-stream decode runs):
+    host functions by their own time."""
+    import cProfile
+    import pstats
+
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=steps + 50)
+    llm.add_request(list(range(1, 129)), params)
+    for _ in range(10):
+        llm.step()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        llm.step()
+    prof.disable()
+    print(
+        f"\n== host profile, batch 1: {(time.perf_counter() - t0) / steps * 1e3:.3f} ms/step under cProfile"
+    )
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    while llm.has_unfinished():
+        llm.step()
+
+
 def random_llm(block_size: int, **llm_kwargs) -> LLM:
     """An LLM over a random-weight Qwen3-0.6B made on the spot (CUDA graphs as in serving)."""
     ckpt = make_random_checkpoint(
@@ -80,8 +104,11 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--host", action="store_true", help="also cProfile the host side of batch-1 steps")
     args = ap.parse_args()
     llm = random_llm(args.block_size)
+    if args.host:
+        profile_host(llm, steps=200, top=args.top * 2)
     summary = []
     for num_seqs, prompt_len in ((1, 512), (128, 1000)):
         decode_until_steady(llm, num_seqs, prompt_len, max_tokens=args.steps + 40)

@@ -24,24 +24,28 @@ _RESOLVE_EVERY = 64  # steps between resolving CUDA events (long done by then): 
 
 
 class StepTimer:
-    """Marks the start and end of a step's device work (CUDA events, or host clock on CPU)."""
+    """Marks the start and end of a step's device work (CUDA events on `stream`, or the host clock
+    when stream is None). The stream is given, not looked up: torch's lookup of the current stream
+    costs ~15 µs of host time a call, a tenth of a one-token decode step's host time."""
 
-    __slots__ = ("start_event", "end_event", "t0", "t1")
+    __slots__ = ("start_event", "end_event", "stream", "t0", "t1")
 
-    def __init__(self, cuda: bool) -> None:
+    def __init__(self, stream: torch.cuda.Stream | None) -> None:
+        cuda = stream is not None
         self.start_event = torch.cuda.Event(enable_timing=True) if cuda else None
         self.end_event = torch.cuda.Event(enable_timing=True) if cuda else None
+        self.stream = stream
         self.t0 = self.t1 = math.nan
 
     def start(self) -> None:
         if self.start_event is not None:
-            self.start_event.record()
+            self.start_event.record(self.stream)
         else:
             self.t0 = time.perf_counter()
 
     def stop(self) -> None:
         if self.end_event is not None:
-            self.end_event.record()
+            self.end_event.record(self.stream)
         else:
             self.t1 = time.perf_counter()
 
@@ -77,7 +81,10 @@ class StepRecorder:
         return len(self._rows)
 
     def timer(self) -> StepTimer:
-        return self._spare.pop() if self._spare else StepTimer(self.cuda)
+        """A timer on the stream that is current now (the engine runs every step on one stream)."""
+        if self._spare:
+            return self._spare.pop()
+        return StepTimer(torch.cuda.current_stream() if self.cuda else None)
 
     def record(
         self,
