@@ -165,7 +165,8 @@ def test_profile_metadata_must_agree_with_records(records: pd.DataFrame, model: 
 
 def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
     """`kvplan fit` on a shipped profile's own records, with its split policy and the median loss,
-    gives that profile's coefficients back; a malformed --split-kv names the flag."""
+    gives that profile's coefficients and host floors back (--no-floors: the same coefficients, no
+    floors); a malformed --split-kv names the flag."""
     from simulator.cli import main
     from simulator.run import SHIPPED_PROFILE_DIR
 
@@ -177,6 +178,13 @@ def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
     assert refit.split_kv == original.split_kv and refit.extra["loss"] == "median"
     assert refit.decode.coefficients == original.decode.coefficients
     assert refit.prefill.coefficients == original.prefill.coefficients
+    assert refit.floors == original.floors and original.floors.prefill > 0.0
+    assert (
+        main(["fit", "--records", str(records), "--like", str(shipped), "--out", str(out), "--no-floors"])
+        == 0
+    )
+    unfloored = LatencyProfile.load(out)
+    assert unfloored.floors is None and unfloored.prefill.coefficients == original.prefill.coefficients
     argv = [
         "fit",
         "--records",
