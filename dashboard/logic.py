@@ -843,12 +843,17 @@ def profile_files(*dirs: str | Path) -> list[Path]:
 
 
 def profile_coefficients(profile: Any) -> pd.DataFrame:
-    """A LatencyProfile's fits as rows: fit (decode / prefill), feature, coefficient."""
+    """A LatencyProfile's fits as rows: fit (decode / prefill), feature, coefficient; then its host
+    floors in seconds (features floor_decode_s, floor_prefill_s, floor_mixed_s), where it has them."""
     rows = []
     for kind in ("decode", "prefill"):
         fit = getattr(profile, kind)
         for feature, coef in zip(fit.features, fit.coefficients):
             rows.append({"fit": kind, "feature": feature, "coefficient": coef})
+    floors = getattr(profile, "floors", None)
+    if floors is not None:
+        for kind, fit in (("decode", "decode"), ("prefill", "prefill"), ("mixed", "prefill")):
+            rows.append({"fit": fit, "feature": f"floor_{kind}_s", "coefficient": getattr(floors, kind)})
     return pd.DataFrame(rows)
 
 

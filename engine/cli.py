@@ -133,6 +133,12 @@ def profile_report(profile) -> str:
                 f"  {kind:<8} held-back error: median {err.median_rel_error:.1%}, p90 {err.p90_rel_error:.1%} "
                 f"({err.n_test} held back of {err.n_train + err.n_test})"
             )
+    floors = getattr(profile, "floors", None)
+    if floors is not None:
+        lines.append(
+            f"  host floors: decode {floors.decode * 1e3:.2f} ms, prefill {floors.prefill * 1e3:.2f} ms, "
+            f"mixed {floors.mixed * 1e3:.2f} ms"
+        )
     return "\n".join(lines)
 
 

@@ -171,6 +171,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         target=args.target,
         loss=args.loss,
         split_kv=like.split_kv if args.split_kv == "like" else parse_split_kv(args.split_kv),
+        floors=not args.no_floors,
         extra={**like.extra, "records": Path(args.records).name, "refit_of": Path(args.like).name},
     )
     profile.save(args.out)
@@ -217,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the engine's decode kernel split each sequence's KV: KV_HEADS:SMS (kv heads per TP rank, "
         "GPU SMs; the Triton split-KV kernel, e.g. 8:132 for Qwen3 on an H200), 'none', or 'like' (default: "
         "--like's)",
+    )
+    fit.add_argument(
+        "--no-floors",
+        action="store_true",
+        help="fit no host floors (per step kind, the least time a step takes; fitted by default)",
     )
     fit.add_argument("--out", required=True)
     fit.set_defaults(func=cmd_fit)

@@ -1,7 +1,8 @@
 """Fitted latency model: linear in roofline-shaped features, fit by non-negative least squares.
 
 `fit_step_records` trains a `FittedModel` on the engine's step records (CONTRACT.md columns), one
-fit for decode steps and one for prefill/mixed steps, and reports its error on held-back steps.
+fit for decode steps and one for prefill/mixed steps, then a host floor per step kind (the least
+time a step takes, whatever its GPU work: `fit_floor`), and reports its error on held-back steps.
 Numpy only (no scipy). Saving and loading fits is `profile.py`'s job, not this module's.
 """
 
@@ -173,6 +174,26 @@ def longest_split_divisor(split_kv: SplitKV | None, padded_batch_size: int) -> i
     return split_kv.num_splits(padded_batch_size) if split_kv is not None else 1
 
 
+STEP_FLOOR_KINDS = ("decode", "prefill", "mixed")
+
+
+@dataclass(frozen=True)
+class StepFloors:
+    """Host floors, seconds: a step of each kind takes at least this long, whatever its GPU work
+    (the host launching a step's kernels and graphs, scheduling and sampling). A step's time is
+    max(floor of its kind, the linear fit's prediction); 0 = no floor."""
+
+    decode: float = 0.0
+    prefill: float = 0.0
+    mixed: float = 0.0
+
+    def __post_init__(self) -> None:
+        for kind in STEP_FLOOR_KINDS:
+            value = getattr(self, kind)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < np.inf:
+                raise ValueError(f"floors.{kind}: must be a finite time >= 0 s, got {value!r}")
+
+
 @dataclass(frozen=True)
 class FitSummary:
     """What a fit was trained on."""
@@ -199,7 +220,8 @@ class FittedModel(LatencyModelBase):
     prefill/mixed: c0 + c1 * new tokens + c2 * prefill_attn_work + c3 * num_context_tokens
                    + c4 * num_seqs + c5 * num_decode_seqs
     The padded batch size is the CUDA-graph size a decode step runs at (`graph_padded_batch_size`
-    with `max_graph_batch_size`; 0 = graphs off, padded size = num_seqs).
+    with `max_graph_batch_size`; 0 = graphs off, padded size = num_seqs). A step's time is the
+    larger of that and its kind's host floor (`floors`; None = no floors, the linear fits alone).
     """
 
     def __init__(
@@ -210,6 +232,7 @@ class FittedModel(LatencyModelBase):
         summary: FitSummary | None = None,
         profile: Any = None,
         split_kv: SplitKV | None = None,
+        floors: StepFloors | None = None,
     ) -> None:
         if tuple(decode.features) in LEGACY_DECODE_FEATURES:
             padding = (0.0,) * (len(DECODE_FEATURES) - len(decode.features))
@@ -230,6 +253,10 @@ class FittedModel(LatencyModelBase):
         self.summary = summary
         self.profile = profile  # the LatencyProfile this model was loaded from, if any
         self.split_kv = split_kv
+        self.floors = floors
+        self._decode_floor, self._prefill_floor, self._mixed_floor = (
+            (floors.decode, floors.prefill, floors.mixed) if floors is not None else (0.0, 0.0, 0.0)
+        )
         self._gmax = max_graph_batch_size
         self._d0, self._d1, self._d2, self._d3, self._d4, self._d5 = (float(c) for c in decode.coefficients)
         self._p = tuple(float(c) for c in prefill.coefficients)
@@ -244,7 +271,7 @@ class FittedModel(LatencyModelBase):
         return coef
 
     def __repr__(self) -> str:
-        return f"FittedModel(decode={self.decode.as_dict()}, prefill={self.prefill.as_dict()})"
+        return f"FittedModel(decode={self.decode.as_dict()}, prefill={self.prefill.as_dict()}, floors={self.floors})"
 
     def decode_step_time(self, num_seqs: int, num_context_tokens: int, max_seq_len: int) -> float:
         b = num_seqs
@@ -253,7 +280,8 @@ class FittedModel(LatencyModelBase):
                 b = 1 if b <= 1 else 2 if b <= 2 else 4 if b <= 4 else 8
             else:
                 b = (b + 15) // 16 * 16
-        return self._d0 + self._d1 * b + self._d2 * num_context_tokens + self._length_coef(b) * max_seq_len
+        t = self._d0 + self._d1 * b + self._d2 * num_context_tokens + self._length_coef(b) * max_seq_len
+        return t if t > self._decode_floor else self._decode_floor
 
     def _leading_decode_times(
         self,
@@ -265,14 +293,19 @@ class FittedModel(LatencyModelBase):
         deadline: float,
     ) -> list[float]:
         """The reference loop with `decode_step_time` inlined: the same float operations in the same
-        order ((d0 + d1*b) + d2*ctx) + length_coef(b)*len, without a call a step."""
+        order ((d0 + d1*b) + d2*ctx) + length_coef(b)*len, without a call a step. The host floor is
+        left out where it cannot bind: the first step is above it and later ones only grow."""
         b = graph_padded_batch_size(num_seqs, self._gmax)
         base = self._d0 + self._d1 * b
         d2, d3 = self._d2, self._length_coef(b)
+        # counts as floats: integers, exact, and float * float is the interpreter's fast path
+        ctx, length, step = float(num_context_tokens), float(max_seq_len), float(num_seqs)
+        floor = self._decode_floor
+        if floor > 0.0 and not (d2 >= 0.0 and d3 >= 0.0 and base + d2 * ctx + d3 * length >= floor):
+            return _floored_decode_times(base, d2, d3, floor, ctx, length, step, max_steps, start, deadline)
         times = [start]
         append = times.append
-        # counts as floats: integers, exact, and float * float is the interpreter's fast path
-        t, ctx, length, step = start, float(num_context_tokens), float(max_seq_len), float(num_seqs)
+        t = start
         for _ in range(max_steps):
             if t >= deadline:
                 break
@@ -290,6 +323,8 @@ class FittedModel(LatencyModelBase):
         # in place, in decode_step_time's order (a sum's two terms commute exactly)
         steps += self._d0 + self._d1 * b
         steps += max_seq_len * self._length_coef(b)
+        if self._decode_floor > 0.0:
+            np.maximum(steps, self._decode_floor, out=steps)
         return steps
 
     def _decode_parts(
@@ -297,14 +332,48 @@ class FittedModel(LatencyModelBase):
     ) -> tuple[float, float, float, float]:
         b = graph_padded_batch_size(num_seqs, self._gmax)
         attention = self._d2 * num_context_tokens + self._length_coef(b) * max_seq_len
-        return (self._d1 * b, attention, 0.0, self._d0)
+        linear, overhead = self._d1 * b, self._d0
+        below_floor = self._decode_floor - (overhead + linear + attention)
+        return (linear, attention, 0.0, overhead + below_floor if below_floor > 0.0 else overhead)
 
     def _predict_prefill(self, batch: BatchShape) -> StepTime:
         p = self._p
         linear = p[1] * batch.total_num_scheduled_tokens
         attention = p[2] * batch.prefill_attn_work + p[3] * batch.num_context_tokens
         overhead = p[0] + p[4] * batch.num_seqs + p[5] * batch.num_decode_seqs
-        return StepTime(linear, attention, 0.0, overhead, linear + attention + overhead)
+        total = linear + attention + overhead
+        floor = self._mixed_floor if batch.kind == "mixed" else self._prefill_floor
+        if total < floor:  # host-bound: the time below the floor is host overhead
+            return StepTime(linear, attention, 0.0, overhead + (floor - total), floor)
+        return StepTime(linear, attention, 0.0, overhead, total)
+
+
+def _floored_decode_times(
+    base: float,
+    d2: float,
+    d3: float,
+    floor: float,
+    ctx: float,
+    length: float,
+    step: float,
+    max_steps: int,
+    start: float,
+    deadline: float,
+) -> list[float]:
+    """`FittedModel._leading_decode_times`' loop with each step raised to the host floor, as
+    `decode_step_time` raises it."""
+    times = [start]
+    append = times.append
+    t = start
+    for _ in range(max_steps):
+        if t >= deadline:
+            break
+        s = base + d2 * ctx + d3 * length
+        t = t + (s if s > floor else floor)
+        append(t)
+        ctx += step
+        length += 1.0
+    return times
 
 
 # ---- fitting ------------------------------------------------------------------------------------
@@ -414,6 +483,13 @@ def _varies_apart(a: np.ndarray, b: np.ndarray, min_spread: float = 0.05) -> boo
     return float(np.std(ratio) / np.mean(ratio)) >= min_spread
 
 
+def _holdout_split(n: int, seed: int, holdout_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(held-back, training) row indices: the first round(n * holdout_fraction) of a seeded permutation."""
+    n_test = int(round(n * holdout_fraction))
+    order = np.random.default_rng(seed).permutation(n)
+    return order[:n_test], order[n_test:]
+
+
 def _fit_kind(
     x: np.ndarray,
     y: np.ndarray,
@@ -424,30 +500,122 @@ def _fit_kind(
     loss: str = "absolute",
 ) -> LinearFit:
     n, k = x.shape
-    n_test = int(round(n * holdout_fraction))
-    if n - n_test < k:
+    test, train = _holdout_split(n, seed, holdout_fraction)
+    if len(train) < k:
         raise ValueError(
             f"step records: {n} usable {kind} steps; need at least {k} to fit plus the held-back "
-            f"{holdout_fraction:.0%} (got {n - n_test} for training)"
+            f"{holdout_fraction:.0%} (got {len(train)} for training)"
         )
-    order = np.random.default_rng(seed).permutation(n)
-    test, train = order[:n_test], order[n_test:]
     if loss == "median":
         coef = _least_absolute_nnls(x[train], y[train])
     else:
         # "absolute" minimises squared seconds, so long steps (which dominate a simulated run's
         # clock) weigh most; "relative" weights each row by 1 / measured time.
         coef = _weighted_nnls(x[train], y[train], 1.0 / y[train] if loss == "relative" else None)
-    check = test if n_test else train
-    rel = np.abs(x[check] @ coef - y[check]) / y[check]
-    error = FitError(
-        n_train=len(train),
+    check = test if len(test) else train
+    error = _fit_error(x[check] @ coef, y[check], len(train), len(test))
+    return LinearFit(features, tuple(float(c) for c in coef), error)
+
+
+def _fit_error(predicted: np.ndarray, measured: np.ndarray, n_train: int, n_test: int) -> FitError:
+    rel = np.abs(predicted - measured) / measured
+    return FitError(
+        n_train=n_train,
         n_test=n_test,
         median_rel_error=float(np.median(rel)),
         p90_rel_error=float(np.quantile(rel, 0.9)),
         max_rel_error=float(rel.max()),
     )
-    return LinearFit(features, tuple(float(c) for c in coef), error)
+
+
+# ---- host floors --------------------------------------------------------------------------------
+FLOOR_MIN_GAIN = 1e-12  # a floor must lower the loss by more than this fraction of sum(loss of 0 s)
+
+
+def fit_floor(predicted: np.ndarray, measured: np.ndarray, loss: str = "absolute") -> float:
+    """The floor f that minimises `loss` of max(f, predicted) against `measured` (the linear fit's
+    predictions held fixed), exactly: "median" the sum of absolute deviations, "absolute" of squared
+    seconds, "relative" of squared relative errors. 0.0 when no floor lowers the loss by more than
+    rounding (FLOOR_MIN_GAIN of the loss of predicting 0 s): steps that the linear fit predicts to
+    within rounding or from above are not host-bound. Ties go to the lowest floor."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss: {loss!r} is not one of {list(LOSSES)}")
+    p = np.asarray(predicted, dtype=np.float64)
+    y = np.asarray(measured, dtype=np.float64)
+    if p.shape != y.shape or p.ndim != 1:
+        raise ValueError(f"fit_floor: predicted {p.shape} and measured {y.shape} must be equal 1-d shapes")
+    if len(p) == 0:
+        return 0.0
+    w = 1.0 / (y * y) if loss == "relative" else np.ones_like(y)
+    floor = _absolute_floor(p, y) if loss == "median" else _squared_floor(p, y, w)
+    gain = _floor_loss(0.0, p, y, w, loss) - _floor_loss(floor, p, y, w, loss)
+    rounding = FLOOR_MIN_GAIN * _floor_loss(0.0, np.zeros_like(p), y, w, loss)
+    return floor if gain > rounding else 0.0
+
+
+def _floor_loss(floor: float, p: np.ndarray, y: np.ndarray, w: np.ndarray, loss: str) -> float:
+    r = np.maximum(p, floor) - y
+    return float(np.abs(r).sum() if loss == "median" else (w * r * r).sum())
+
+
+def _absolute_floor(p: np.ndarray, y: np.ndarray) -> float:
+    """argmin_f sum |max(f, p) - y|: piecewise linear in f with kinks at the p and y, so its minimum is
+    one of them. Swept in order: from f = p_i, record i adds slope -1 (its y is above, until f = y_i,
+    from where +1) or +1 (its y is at or below)."""
+    above = y > p
+    kinks = np.concatenate([p, y[above]])
+    change = np.concatenate([np.where(above, -1.0, 1.0), np.full(int(above.sum()), 2.0)])
+    order = np.argsort(kinks, kind="stable")
+    kinks, change = kinks[order], change[order]
+    slope = np.concatenate([[0.0], np.cumsum(change)[:-1]])  # on the segment that ends at kinks[j]
+    loss = np.cumsum(slope * np.diff(kinks, prepend=kinks[0]))  # relative to the loss of no floor
+    return float(kinks[int(np.argmin(loss))])
+
+
+def _squared_floor(p: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    """argmin_f sum w (max(f, p) - y)^2: with the k lowest predictions floored (f between the k-th and
+    the next), the weighted mean of their y, clipped to that interval; the best over k."""
+    order = np.argsort(p, kind="stable")
+    p, y, w = p[order], y[order], w[order]
+    sw, swy, swyy = np.cumsum(w), np.cumsum(w * y), np.cumsum(w * y * y)
+    kept = np.concatenate([np.cumsum((w * (p - y) ** 2)[::-1])[::-1][1:], [0.0]])  # unfloored rest
+    upper = np.concatenate([p[1:], [np.inf]])
+    f = np.clip(swy / sw, p, upper)
+    loss = sw * f * f - 2.0 * f * swy + swyy + kept
+    return float(f[int(np.argmin(loss))])
+
+
+def _fit_floors(
+    predicted: np.ndarray, measured: np.ndarray, kinds: np.ndarray, train: np.ndarray, loss: str
+) -> dict[str, float]:
+    """One floor per step kind present, fitted on the kind's training rows."""
+    floors = {}
+    for kind in np.unique(kinds):
+        rows = train[kinds[train] == kind]
+        floors[str(kind)] = fit_floor(predicted[rows], measured[rows], loss)
+    return floors
+
+
+def _floored_fit(
+    fit: LinearFit,
+    x: np.ndarray,
+    y: np.ndarray,
+    kinds: np.ndarray,
+    seed: int,
+    holdout_fraction: float,
+    loss: str,
+) -> tuple[LinearFit, dict[str, float]]:
+    """A kind's floors (fitted on the rows `fit` was trained on) and `fit` with its held-back error
+    recomputed for max(floor, prediction)."""
+    test, train = _holdout_split(len(y), seed, holdout_fraction)
+    predicted = x @ np.asarray(fit.coefficients)
+    floors = _fit_floors(predicted, y, kinds, train, loss)
+    floor_of_row = np.array([floors[str(k)] for k in kinds])
+    check = test if len(test) else train
+    floored = np.maximum(predicted[check], floor_of_row[check])
+    return LinearFit(
+        fit.features, fit.coefficients, _fit_error(floored, y[check], len(train), len(test))
+    ), floors
 
 
 def _weighted_nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> np.ndarray:
@@ -480,6 +648,7 @@ def fit_step_records(
     seed: int = 0,
     loss: str = "absolute",
     split_kv: SplitKV | None = None,
+    floors: bool = True,
 ) -> FittedModel:
     """Fit a `FittedModel` on step records (a DataFrame with CONTRACT.md's step-record columns).
 
@@ -490,6 +659,8 @@ def fit_step_records(
     CUDA-graph sizes up to `max_graph_batch_size` (default: from `max_num_seqs`, else the records'
     largest `graph_batch_size`; 0 when the records show no graphs). `split_kv`: how the engine's
     decode kernel split each sequence's KV (None: it did not, and longest_split stays out of the fit).
+    `floors`: then fit a host floor per step kind (`fit_floor`, same loss, same training steps, the
+    linear coefficients held as fitted); the held-back error is that of max(floor, linear).
     """
     if not isinstance(records, pd.DataFrame):
         raise TypeError(f"records: expected a pandas DataFrame, got {type(records).__name__}")
@@ -542,9 +713,20 @@ def fit_step_records(
     if split_kv is None:
         x_dec[:, 5] = 0.0  # max_seq_len / 1 is max_seq_len: nothing to add
     decode_fit = _fit_kind(x_dec, y[is_decode], DECODE_FEATURES, seed, holdout_fraction, "decode", loss)
+    x_pre = prefill_features(pre)
     prefill_fit = _fit_kind(
-        prefill_features(pre), y[~is_decode], PREFILL_FEATURES, seed, holdout_fraction, "prefill/mixed", loss
+        x_pre, y[~is_decode], PREFILL_FEATURES, seed, holdout_fraction, "prefill/mixed", loss
     )
+    step_floors = None
+    if floors:
+        split = (seed, holdout_fraction, loss)
+        decode_fit, decode_floor = _floored_fit(
+            decode_fit, x_dec, y[is_decode], dec["kind"].to_numpy(), *split
+        )
+        prefill_fit, prefill_floors = _floored_fit(
+            prefill_fit, x_pre, y[~is_decode], pre["kind"].to_numpy(), *split
+        )
+        step_floors = StepFloors(**decode_floor, **prefill_floors)
     summary = FitSummary(
         target=target_column,
         num_records=len(frame),
@@ -556,4 +738,4 @@ def fit_step_records(
         seed=seed,
         holdout_fraction=holdout_fraction,
     )
-    return FittedModel(decode_fit, prefill_fit, gmax, summary, split_kv=split_kv)
+    return FittedModel(decode_fit, prefill_fit, gmax, summary, split_kv=split_kv, floors=step_floors)

@@ -18,7 +18,15 @@ import pandas as pd
 
 from engine.config import ModelSpec
 from simulator.latency.base import LatencyModel
-from simulator.latency.fitted import FitError, FittedModel, LinearFit, SplitKV, fit_step_records
+from simulator.latency.fitted import (
+    STEP_FLOOR_KINDS,
+    FitError,
+    FittedModel,
+    LinearFit,
+    SplitKV,
+    StepFloors,
+    fit_step_records,
+)
 from simulator.latency.gpus import GpuSpec, canonical_gpu_name
 from simulator.latency.roofline import RooflineEfficiency, RooflineModel
 
@@ -61,6 +69,7 @@ class LatencyProfile:
     created: str = ""  # ISO 8601 UTC
     extra: dict[str, Any] = field(default_factory=dict)  # free-form provenance (trace, seed, ...)
     split_kv: SplitKV | None = None  # how the decode kernel split each sequence's KV (None: it did not)
+    floors: StepFloors | None = None  # host floor per step kind (None: profiles fitted without floors)
 
     @property
     def model_name(self) -> str:
@@ -75,7 +84,12 @@ class LatencyProfile:
     def to_latency_model(self) -> FittedModel:
         """The profile's FittedModel; its `.profile` is this profile."""
         return FittedModel(
-            self.decode, self.prefill, self.max_graph_batch_size, profile=self, split_kv=self.split_kv
+            self.decode,
+            self.prefill,
+            self.max_graph_batch_size,
+            profile=self,
+            split_kv=self.split_kv,
+            floors=self.floors,
         )
 
     # ---- compatibility ----------------------------------------------------------------------------
@@ -143,7 +157,7 @@ class LatencyProfile:
                     "coefficients": list(value.coefficients),
                     "fit_error": dataclasses.asdict(value.error) if value.error else None,
                 }
-            elif isinstance(value, SplitKV):
+            elif isinstance(value, (SplitKV, StepFloors)):
                 value = dataclasses.asdict(value)
             out[f.name] = value
         return out
@@ -177,6 +191,8 @@ class LatencyProfile:
                     raise ValueError(f"{where}: field {f.name!r} is malformed ({e})") from None
             elif f.name == "split_kv" and value is not None:
                 value = _split_kv_from_dict(value, where)
+            elif f.name == "floors" and value is not None:
+                value = _floors_from_dict(value, where)
             kwargs[f.name] = value
         profile = cls(**kwargs)
         profile.to_latency_model()  # validates feature lists now rather than at first use
@@ -247,6 +263,7 @@ class LatencyProfile:
             decode=fitted.decode,
             prefill=fitted.prefill,
             split_kv=fitted.split_kv,
+            floors=fitted.floors,
             created=created or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
             extra=dict(extra or {}),
         )
@@ -272,11 +289,13 @@ def fit_profile(
     created: str | None = None,
     extra: dict[str, Any] | None = None,
     split_kv: SplitKV | None = None,
+    floors: bool = True,
 ) -> LatencyProfile:
     """Calibrate: fit step records (`fit_step_records`) and wrap the fit as a profile."""
     fitted = fit_step_records(
         records,
         split_kv=split_kv,
+        floors=floors,
         max_num_seqs=max_num_seqs,
         max_graph_batch_size=max_graph_batch_size,
         target=target,
@@ -333,4 +352,15 @@ def _split_kv_from_dict(value: Any, where: str) -> SplitKV:
     try:
         return SplitKV(**value)
     except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _floors_from_dict(value: Any, where: str) -> StepFloors:
+    if not isinstance(value, dict) or not set(value) <= set(STEP_FLOOR_KINDS):
+        raise ValueError(
+            f"{where}: field 'floors' must be null or seconds by step kind {list(STEP_FLOOR_KINDS)}, got {value!r}"
+        )
+    try:
+        return StepFloors(**value)
+    except ValueError as e:
         raise ValueError(f"{where}: {e}") from None

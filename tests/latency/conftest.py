@@ -147,9 +147,19 @@ def make_decode_batch():
 @pytest.fixture(scope="session")
 def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
     """One of each kind of model, TP and CUDA-graph setting."""
-    from simulator.latency import RooflineEfficiency, RooflineModel, SplitKV, fit_step_records
+    from simulator.latency import (
+        FittedModel,
+        RooflineEfficiency,
+        RooflineModel,
+        SplitKV,
+        StepFloors,
+        fit_step_records,
+    )
 
     split_kv = SplitKV(**SPLIT_KV_FIELDS)
+    fitted = fit_step_records(records, max_num_seqs=GMAX, split_kv=split_kv)
+    # host floors that bind: decode steps of small batches and short sequences run at 2.7 ms
+    floors = StepFloors(decode=2.7e-3, prefill=4e-3, mixed=3.5e-3)
 
     return {
         "roofline-h200": RooflineModel(model, "h200"),
@@ -157,7 +167,8 @@ def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
         "roofline-l40s-tp4": RooflineModel(
             model, "l40s", tp=4, efficiency=RooflineEfficiency(gemm_flops=0.55)
         ),
-        "fitted": fit_step_records(records, max_num_seqs=GMAX, split_kv=split_kv),
+        "fitted": fitted,
+        "fitted-floored": FittedModel(fitted.decode, fitted.prefill, GMAX, split_kv=split_kv, floors=floors),
         "fitted-eager": fit_step_records(records.assign(graph_batch_size=0), split_kv=split_kv),
         "fitted-no-split": fit_step_records(records, max_num_seqs=GMAX),
     }

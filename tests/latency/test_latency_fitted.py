@@ -1,4 +1,4 @@
-"""FittedModel: CUDA-graph padding, NNLS, recovery of known coefficients, record validation."""
+"""FittedModel: CUDA-graph padding, NNLS, recovery of known coefficients, record validation, host floors."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from simulator.latency import (
     FittedModel,
     LinearFit,
     SplitKV,
+    StepFloors,
     StepShape,
+    StepTime,
     decode_graph_batch_sizes,
+    fit_floor,
     fit_step_records,
     graph_padded_batch_size,
     max_graph_batch_size,
@@ -240,3 +243,105 @@ def test_median_loss_fits_through_the_typical_step(make_records, truth) -> None:
         assert squared.decode_step_time(*shape) > 1.05 * truth_s, shape
     mixed = StepShape("mixed", 10, 2, 2008, 2000, 50_000, 4000, 1.5e6)
     assert median.predict(mixed).total == pytest.approx(exact.predict(mixed).total, rel=0.01)
+
+
+# ---- host floors --------------------------------------------------------------------------------
+def test_fit_floor_exact_values() -> None:
+    # least absolute deviations: the three host-bound steps measured 3 s lift the floor to 3 s
+    assert (
+        fit_floor(np.array([1.0, 2.0, 3.0, 4.0, 10.0]), np.array([3.0, 3.0, 3.0, 4.0, 10.0]), "median") == 3.0
+    )
+    assert fit_floor(np.array([1.0, 1.0]), np.array([2.0, 4.0]), "median") == 2.0  # flat on [2, 4]: lowest
+    # squared seconds: the mean of the floored steps, clipped to where they are the floored ones
+    assert fit_floor(np.array([1.0, 1.0, 5.0]), np.array([2.0, 4.0, 5.0]), "absolute") == 3.0
+    assert fit_floor(np.array([1.0, 3.0]), np.array([5.0, 3.0]), "absolute") == 4.0
+    # squared relative errors: weights 1 / y^2, (2 / 4 + 4 / 16) / (1 / 4 + 1 / 16)
+    assert fit_floor(np.array([1.0, 1.0]), np.array([2.0, 4.0]), "relative") == 0.75 / 0.3125
+    # steps the linear fit predicts from below (or exactly) are not host-bound: no floor
+    for loss in ("median", "absolute", "relative"):
+        assert fit_floor(np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.5, 3.0]), loss) == 0.0
+        assert fit_floor(np.array([]), np.array([]), loss) == 0.0
+    with pytest.raises(ValueError, match="loss: 'l1' is not one of"):
+        fit_floor(np.array([1.0]), np.array([1.0]), "l1")
+    with pytest.raises(ValueError, match="must be equal 1-d shapes"):
+        fit_floor(np.array([1.0, 2.0]), np.array([1.0]))
+
+
+@pytest.mark.parametrize("loss", ["median", "absolute", "relative"])
+def test_fit_floor_is_the_minimum_over_every_candidate(loss: str) -> None:
+    """No floor on a fine grid, nor at any prediction or measurement, has a lower loss."""
+    rng = np.random.default_rng(5)
+    p = rng.uniform(1.0, 10.0, 300)
+    y = np.maximum(rng.uniform(4.0, 6.0, 300), p) * rng.lognormal(0.0, 0.1, 300)
+
+    def cost(f: float) -> float:
+        r = np.maximum(p, f) - y
+        return float(
+            np.abs(r).sum() if loss == "median" else ((r / y if loss == "relative" else r) ** 2).sum()
+        )
+
+    best = fit_floor(p, y, loss)
+    assert 4.0 < best < 7.0
+    candidates = np.concatenate([p, y, np.linspace(0.0, 12.0, 4001)])
+    assert cost(best) <= min(cost(f) for f in candidates) * (1 + 1e-12)
+
+
+def test_floors_are_fitted_per_kind_from_host_bound_records(make_records, truth) -> None:
+    """Noise-free steps held up to 4 ms (decode), 8 ms (prefill) and 15 ms (mixed) by the host: the
+    median fit finds the line through the rest and the floors exactly; the held-back error with
+    floors is tiny, without them up to 43 % (decode) and 60 % (prefill/mixed)."""
+    records = make_records(noise=0.0)
+    floors = {"decode": 4e-3, "prefill": 8e-3, "mixed": 15e-3}
+    held = records.copy()
+    for kind, floor in floors.items():
+        rows = (held["kind"] == kind) & ~held["compiled"]
+        held.loc[rows, "gpu_time_s"] = held.loc[rows, "gpu_time_s"].clip(lower=floor)
+    common = dict(max_num_seqs=truth.gmax, split_kv=truth.split_kv, loss="median")
+    fit = fit_step_records(held, **common)
+    assert fit.floors == StepFloors(**floors)
+    for err in (fit.decode.error, fit.prefill.error):  # IRLS: the line to within 0.5 %
+        assert err.p90_rel_error < 1e-4 and err.max_rel_error < 5e-3
+    plain = fit_step_records(held, floors=False, **common)
+    assert plain.floors is None
+    assert plain.decode.coefficients == fit.decode.coefficients  # the floors leave the line as fitted
+    assert plain.prefill.coefficients == fit.prefill.coefficients
+    assert plain.decode.error.max_rel_error > 0.4 and plain.prefill.error.max_rel_error > 0.5
+    # no host-bound steps (and an exact fit): the floors change no prediction
+    exact = fit_step_records(make_records(noise=0.0), **{**common, "loss": "absolute"})
+    kept = make_records(noise=0.0).query("not compiled")
+    with_floors = np.array([s.total for s in predict_frame(exact, kept)])
+    without = FittedModel(exact.decode, exact.prefill, truth.gmax, split_kv=truth.split_kv)
+    np.testing.assert_allclose(with_floors, [s.total for s in predict_frame(without, kept)], rtol=1e-12)
+
+
+def test_floored_predictions_exact_values() -> None:
+    """max(floor of the kind, linear): the time below the floor is reported as overhead."""
+    decode = LinearFit(DECODE_FEATURES, (1e-3, 1e-5, 0.0, 0.0, 0.0, 0.0))
+    prefill = LinearFit(PREFILL_FEATURES, (1e-3, 1e-6, 0.0, 0.0, 0.0, 0.0))
+    floors = StepFloors(decode=2e-3, prefill=4e-3, mixed=3e-3)
+    model = FittedModel(decode, prefill, max_graph_batch_size=256, floors=floors)
+    plain = FittedModel(decode, prefill, max_graph_batch_size=256)
+    assert model.decode_step_time(1, 100, 101) == 2e-3  # 1.01 ms of GPU work
+    st = model.predict(StepShape.decode(1, 100, 101))
+    assert (st.total, st.linear, st.overhead) == (2e-3, 1e-5, 1e-3 + (2e-3 - (1e-3 + 1e-5 + 0.0)))
+    assert model.decode_step_time(200, 100, 101) == plain.decode_step_time(200, 100, 101) == 1e-3 + 1e-5 * 208
+    assert model.decode_step_times(1, 100, 101, 2, 1.0, float("inf")) == [1.0, 1.0 + 2e-3, 1.0 + 2e-3 + 2e-3]
+    prefill_1k = StepShape("prefill", 1, 1, 1000, 1000, 0, 1000, 5e5)
+    mixed_1k = StepShape("mixed", 3, 1, 1002, 1000, 4000, 2000, 5e5)
+    mixed_8k = StepShape("mixed", 3, 1, 8002, 8000, 4000, 8000, 3.2e7)
+    assert model.predict(prefill_1k) == StepTime(1e-6 * 1000, 0.0, 0.0, 1e-3 + (4e-3 - (1e-3 + 1e-3)), 4e-3)
+    assert model.predict(mixed_1k).total == 3e-3
+    assert model.predict(mixed_8k) == plain.predict(mixed_8k) and plain.predict(mixed_8k).total > 3e-3
+    assert plain.predict(prefill_1k).total == 1e-6 * 1000 + 0.0 + 1e-3
+
+
+def test_step_floors_are_checked_and_no_floors_predicts_as_before(records: pd.DataFrame, truth) -> None:
+    for bad in (-1e-3, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"floors.mixed: must be a finite time >= 0 s"):
+            StepFloors(mixed=bad)
+    fit = fit_step_records(records, max_num_seqs=truth.gmax, floors=False)
+    zero = FittedModel(fit.decode, fit.prefill, truth.gmax, floors=StepFloors())
+    shapes = [StepShape.decode(n, 300 * n, 400) for n in (1, 5, 40, 256)]
+    shapes.append(StepShape("mixed", 10, 2, 2008, 2000, 50_000, 4000, 1.5e6))
+    for shape in shapes:
+        assert zero.predict(shape) == fit.predict(shape)

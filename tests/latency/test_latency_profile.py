@@ -57,6 +57,7 @@ def test_round_trip_is_exact(profile: LatencyProfile, tmp_path) -> None:
     assert raw["format"] == "kvplan.latency_profile" and raw["version"] == 1
     assert raw["model"]["name"] == "Qwen3-0.6B" and raw["prefill"]["fit_error"]["n_test"] > 0
     assert raw["split_kv"] == {"num_kv_heads": 8, "num_sms": 132}
+    assert set(raw["floors"]) == {"decode", "prefill", "mixed"} and profile.floors is not None
     loaded = LatencyProfile.load(path)
     assert loaded == profile
     a, b = profile.to_latency_model(), loaded.to_latency_model()
@@ -121,6 +122,8 @@ def test_bad_files_name_the_file(profile: LatencyProfile, tmp_path) -> None:
         ({"prefill": {"features": ["const"]}}, "field 'prefill' is malformed"),
         ({"split_kv": {"num_kv_heads": 8}}, "field 'split_kv' must be null or"),
         ({"split_kv": {"num_kv_heads": 8, "num_sms": -1}}, "split_kv.num_sms: must be a positive integer"),
+        ({"floors": {"decode": 1e-3, "warmup": 1.0}}, "field 'floors' must be null or seconds by step kind"),
+        ({"floors": {"mixed": -1.0}}, "floors.mixed: must be a finite time >= 0 s"),
     ]:
         path.write_text(json.dumps({**raw, **change}))
         with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*{message}"):
@@ -128,6 +131,10 @@ def test_bad_files_name_the_file(profile: LatencyProfile, tmp_path) -> None:
     del raw["split_kv"]  # profiles from before split_kv load without one
     path.write_text(json.dumps(raw))
     assert LatencyProfile.load(path).split_kv is None
+    del raw["floors"]  # nor floors: such a profile predicts with its linear fits alone
+    path.write_text(json.dumps(raw))
+    unfloored = LatencyProfile.load(path)
+    assert unfloored.floors is None and unfloored.to_latency_model().floors is None
     del raw["tp"]
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: missing field 'tp'"):
@@ -158,7 +165,8 @@ def test_profile_metadata_must_agree_with_records(records: pd.DataFrame, model: 
 
 def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
     """`kvplan fit` on a shipped profile's own records, with its split policy and the median loss,
-    gives that profile's coefficients back; a malformed --split-kv names the flag."""
+    gives that profile's coefficients and host floors back (--no-floors: the same coefficients, no
+    floors); a malformed --split-kv names the flag."""
     from simulator.cli import main
     from simulator.run import SHIPPED_PROFILE_DIR
 
@@ -170,6 +178,13 @@ def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
     assert refit.split_kv == original.split_kv and refit.extra["loss"] == "median"
     assert refit.decode.coefficients == original.decode.coefficients
     assert refit.prefill.coefficients == original.prefill.coefficients
+    assert refit.floors == original.floors and original.floors.prefill > 0.0
+    assert (
+        main(["fit", "--records", str(records), "--like", str(shipped), "--out", str(out), "--no-floors"])
+        == 0
+    )
+    unfloored = LatencyProfile.load(out)
+    assert unfloored.floors is None and unfloored.prefill.coefficients == original.prefill.coefficients
     argv = [
         "fit",
         "--records",
