@@ -85,8 +85,10 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, summed) -> to
     m, k = x.shape
     n = weight.shape[0]
     k_in = 2 * weight.shape[1] if prologue == PROLOGUE_SILU else weight.shape[1]
-    if k != k_in or x.stride(-1) != 1 or not weight.is_contiguous():
+    if k != k_in:
         raise ValueError(f"gemv: input {tuple(x.shape)} does not fit weight {tuple(weight.shape)}")
+    if x.stride(-1) != 1 or not weight.is_contiguous():
+        raise ValueError("gemv: the input's rows and the weight must be contiguous")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = block_sizes(m, weight.shape[1])
     has_res = residual is not None

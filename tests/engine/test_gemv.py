@@ -108,6 +108,13 @@ def test_block_sizes():
     assert gemv.block_sizes(8, 1024) == (2, 256, 2)
 
 
+def test_clear_errors():
+    with pytest.raises(ValueError, match=r"input \(1, 8\) does not fit weight \(4, 6\)"):
+        gemv.linear(torch.zeros(1, 8), torch.zeros(4, 6))
+    with pytest.raises(ValueError, match="must be contiguous"):
+        gemv.linear(torch.zeros(1, 8), torch.zeros(8, 4).t())
+
+
 def test_serves_only_one_cuda_row_and_small_weights():
     w = torch.zeros(4, 8)
     assert not gemv.serves(torch.zeros(1, 8), w)  # CPU: F.linear
@@ -140,4 +147,7 @@ def test_gemv_on_gpu_bf16_and_in_the_decode_layer():
     torch.testing.assert_close(
         gemv.silu_linear(gate_up, w_down), F.linear(silu_and_mul(gate_up), w_down), **tol
     )
-    torch.testing.assert_close(gemv.linear(x, w_down[:, :1024]), F.linear(x, w_down[:, :1024]), **tol)
+    w_o = w_down[:, :1024].contiguous()
+    torch.testing.assert_close(gemv.linear(x, w_o), F.linear(x, w_o), **tol)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        gemv.linear(x, w_down[:, :1024])
