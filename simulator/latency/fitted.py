@@ -25,9 +25,11 @@ DECODE_FEATURES = (
     "max_seq_len",
     "batch_x_max_seq_len",
     "longest_split",
+    "multi_row",
 )
-# Profiles fitted before batch_x_max_seq_len or longest_split existed load with their coefficients 0.
-LEGACY_DECODE_FEATURES = (DECODE_FEATURES[:4], DECODE_FEATURES[:5])
+# Profiles fitted before batch_x_max_seq_len, longest_split or multi_row existed load with their
+# coefficients 0.
+LEGACY_DECODE_FEATURES = (DECODE_FEATURES[:4], DECODE_FEATURES[:5], DECODE_FEATURES[:6])
 PREFILL_FEATURES = (
     "const",
     "total_num_scheduled_tokens",
@@ -217,6 +219,8 @@ class FittedModel(LatencyModelBase):
                decode kernels that give each sequence its own programs wait for the longest one)
              + c5 * max_seq_len / splits (the longest program of a split-KV kernel, `split_kv`;
                splits = 1 without one, and the fit leaves c5 at 0)
+             + c6 * [padded batch size > 1] (one-row steps take the engine's fused GEMV path:
+               engine/layers/gemv.py; larger ones cuBLAS and unfused norms, a step up in time)
     prefill/mixed: c0 + c1 * new tokens + c2 * prefill_attn_work + c3 * num_context_tokens
                    + c4 * num_seqs + c5 * num_decode_seqs
     The padded batch size is the CUDA-graph size a decode step runs at (`graph_padded_batch_size`
@@ -258,17 +262,24 @@ class FittedModel(LatencyModelBase):
             (floors.decode, floors.prefill, floors.mixed) if floors is not None else (0.0, 0.0, 0.0)
         )
         self._gmax = max_graph_batch_size
-        self._d0, self._d1, self._d2, self._d3, self._d4, self._d5 = (float(c) for c in decode.coefficients)
+        self._d0, self._d1, self._d2, self._d3, self._d4, self._d5, self._d6 = (
+            float(c) for c in decode.coefficients
+        )
         self._p = tuple(float(c) for c in prefill.coefficients)
-        self._length_coefs: dict[int, float] = {}  # padded batch -> c3 + c4 * b + c5 / splits
+        # padded batch -> (c0 + c6 [b > 1] + c1 * b, c3 + c4 * b + c5 / splits)
+        self._decode_coefs: dict[int, tuple[float, float]] = {}
 
-    def _length_coef(self, b: int) -> float:
-        """The decode time per token of max_seq_len at padded batch size `b` (memoised)."""
-        coef = self._length_coefs.get(b)
-        if coef is None:
-            coef = self._d3 + self._d4 * b + self._d5 / longest_split_divisor(self.split_kv, b)
-            self._length_coefs[b] = coef
-        return coef
+    def _coefs(self, b: int) -> tuple[float, float]:
+        """(the decode time of no tokens, the time per token of max_seq_len) at padded batch size `b`,
+        memoised."""
+        coefs = self._decode_coefs.get(b)
+        if coefs is None:
+            length = self._d3 + self._d4 * b + self._d5 / longest_split_divisor(self.split_kv, b)
+            coefs = self._decode_coefs[b] = (self._intercept(b) + self._d1 * b, length)
+        return coefs
+
+    def _intercept(self, b: int) -> float:
+        return self._d0 + self._d6 if b > 1 else self._d0
 
     def __repr__(self) -> str:
         return f"FittedModel(decode={self.decode.as_dict()}, prefill={self.prefill.as_dict()}, floors={self.floors})"
@@ -280,7 +291,8 @@ class FittedModel(LatencyModelBase):
                 b = 1 if b <= 1 else 2 if b <= 2 else 4 if b <= 4 else 8
             else:
                 b = (b + 15) // 16 * 16
-        t = self._d0 + self._d1 * b + self._d2 * num_context_tokens + self._length_coef(b) * max_seq_len
+        base, length_coef = self._coefs(b)
+        t = base + self._d2 * num_context_tokens + length_coef * max_seq_len
         return t if t > self._decode_floor else self._decode_floor
 
     def _leading_decode_times(
@@ -293,11 +305,11 @@ class FittedModel(LatencyModelBase):
         deadline: float,
     ) -> list[float]:
         """The reference loop with `decode_step_time` inlined: the same float operations in the same
-        order ((d0 + d1*b) + d2*ctx) + length_coef(b)*len, without a call a step. The host floor is
+        order ((c0(b) + d1*b) + d2*ctx) + length_coef(b)*len, without a call a step. The host floor is
         left out where it cannot bind: the first step is above it and later ones only grow."""
         b = graph_padded_batch_size(num_seqs, self._gmax)
-        base = self._d0 + self._d1 * b
-        d2, d3 = self._d2, self._length_coef(b)
+        base, d3 = self._coefs(b)
+        d2 = self._d2
         # counts as floats: integers, exact, and float * float is the interpreter's fast path
         ctx, length, step = float(num_context_tokens), float(max_seq_len), float(num_seqs)
         floor = self._decode_floor
@@ -319,10 +331,11 @@ class FittedModel(LatencyModelBase):
         self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
     ) -> np.ndarray:
         b = graph_padded_batch_size(num_seqs, self._gmax)
+        base, length_coef = self._coefs(b)
         steps = num_context_tokens * self._d2
         # in place, in decode_step_time's order (a sum's two terms commute exactly)
-        steps += self._d0 + self._d1 * b
-        steps += max_seq_len * self._length_coef(b)
+        steps += base
+        steps += max_seq_len * length_coef
         if self._decode_floor > 0.0:
             np.maximum(steps, self._decode_floor, out=steps)
         return steps
@@ -331,8 +344,8 @@ class FittedModel(LatencyModelBase):
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int
     ) -> tuple[float, float, float, float]:
         b = graph_padded_batch_size(num_seqs, self._gmax)
-        attention = self._d2 * num_context_tokens + self._length_coef(b) * max_seq_len
-        linear, overhead = self._d1 * b, self._d0
+        attention = self._d2 * num_context_tokens + self._coefs(b)[1] * max_seq_len
+        linear, overhead = self._d1 * b, self._intercept(b)
         below_floor = self._decode_floor - (overhead + linear + attention)
         return (linear, attention, 0.0, overhead + below_floor if below_floor > 0.0 else overhead)
 
@@ -429,6 +442,7 @@ def decode_features(
             max_seq_len,
             padded * max_seq_len,
             max_seq_len / splits,
+            (padded > 1).astype(np.float64),
         ]
     )
 

@@ -324,13 +324,13 @@ def test_profile_helpers(tmp_path, records):
     assert logic.profile_files(tmp_path, tmp_path / "none") == [path]
     profile = LatencyProfile.load(path)
     coef = logic.profile_coefficients(profile)
-    assert set(coef["fit"]) == {"decode", "prefill"} and len(coef) == 15  # 6 + 6 features, 3 host floors
+    assert set(coef["fit"]) == {"decode", "prefill"} and len(coef) == 16  # 7 + 6 features, 3 host floors
     floors = coef.set_index("feature").loc[
         ["floor_decode_s", "floor_prefill_s", "floor_mixed_s"], "coefficient"
     ]
     assert tuple(floors) == (profile.floors.decode, profile.floors.prefill, profile.floors.mixed)
     no_floors = dataclasses.replace(profile, floors=None)
-    assert len(logic.profile_coefficients(no_floors)) == 12
+    assert len(logic.profile_coefficients(no_floors)) == 13
     assert set(logic.profile_errors(profile)["fit"]) == {"decode", "prefill"}
     model = profile.to_latency_model()
     dec = logic.decode_curves(model, [1, 8, 64], [512, 4096])

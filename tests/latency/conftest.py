@@ -13,8 +13,9 @@ from engine.scheduler import ScheduledBatch, make_batch
 from engine.sequence import SamplingParams, Sequence
 
 # Known coefficients of the synthetic step-time function (seconds per unit of each feature).
-# const, padded batch, context, max_seq_len, b*max, max_seq_len / splits (SPLIT_KV's, of the padded batch)
-TRUE_DECODE = (2.0e-3, 2.0e-5, 3.0e-8, 1.0e-7, 2.0e-9, 3.0e-7)
+# const, padded batch, context, max_seq_len, b*max, max_seq_len / splits (SPLIT_KV's, of the padded
+# batch), padded batch > 1
+TRUE_DECODE = (2.0e-3, 2.0e-5, 3.0e-8, 1.0e-7, 2.0e-9, 3.0e-7, 4.0e-4)
 SPLIT_KV_FIELDS = {"num_kv_heads": 8, "num_sms": 132}  # Qwen3-0.6B on an H200: 32 splits at batch 1
 TRUE_PREFILL = (
     3.0e-3,
@@ -64,12 +65,14 @@ def synthetic_records(
 
     split_kv = SplitKV(**SPLIT_KV_FIELDS)
 
-    rng = np.random.default_rng(seed)
+    rng, one_row = np.random.default_rng(seed), np.random.default_rng(seed + 1000)
     rows = []
     for _ in range(n_decode):
         n = int(rng.integers(1, 257))
         ctx = rng.integers(1, int(rng.integers(100, 4000)), size=n)
         ctx[0] = rng.integers(1, 8000)  # the longest context is not tied to the sum
+        if one_row.random() < 0.1:  # one-row steps, so that multi_row varies (rng's draws unchanged)
+            n, ctx = 1, ctx[:1]
         padded = graph_padded_batch_size(n, GMAX)
         t = (
             TRUE_DECODE[0]
@@ -78,6 +81,7 @@ def synthetic_records(
             + TRUE_DECODE[3] * (ctx.max() + 1)
             + TRUE_DECODE[4] * padded * (ctx.max() + 1)
             + TRUE_DECODE[5] * (ctx.max() + 1) / split_kv.num_splits(padded)
+            + TRUE_DECODE[6] * (padded > 1)
         )
         rows.append(
             dict(kind="decode", num_seqs=n, num_prefill_seqs=0, num_decode_seqs=n, total_num_scheduled_tokens=n,

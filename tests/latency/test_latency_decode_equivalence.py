@@ -170,7 +170,7 @@ def test_steps_that_shrink_still_give_the_reference_times() -> None:
     sized numpy pass fall short: another pass follows and the times stay exact."""
     from simulator.latency.fitted import DECODE_FEATURES, PREFILL_FEATURES, FittedModel, LinearFit
 
-    decode = LinearFit(DECODE_FEATURES, (2e-3, 2e-5, -1e-8, 1e-7, 2e-9, 1e-7))
+    decode = LinearFit(DECODE_FEATURES, (2e-3, 2e-5, -1e-8, 1e-7, 2e-9, 1e-7, 3e-4))
     prefill = LinearFit(PREFILL_FEATURES, (3e-3, 2.5e-6, 1e-10, 2e-8, 5e-5, 1e-5))
     model = FittedModel(decode, prefill, max_graph_batch_size=256)
     ref = accumulate_decode_times(model.decode_step_time, 64, 100_000, 3_000, 2001, 0.0, float("inf"))
