@@ -3,7 +3,16 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MAX_NEW_TOKENS = 12
 
@@ -26,3 +35,17 @@ def make_prompts(vocab: int = 512, seed: int = 0) -> list[list[int]]:
         long_prefix + draw(5),
         draw(1),
     ]
+
+
+def run_interpreted(worker: str, cases: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Run `worker` (a script: argv[1] the saved cases, argv[2] where to save its outputs) under
+    Triton's interpreter in a subprocess (TRITON_INTERPRET must be set before triton is first
+    imported); returns what it saved."""
+    torch.save(cases, folder / "cases.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", worker, str(folder / "cases.pt"), str(folder / "out.pt")],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(folder / "out.pt")

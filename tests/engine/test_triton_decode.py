@@ -11,13 +11,9 @@ multiplies bf16 bit patterns as integers (Triton 3.9); fp16 stands in for the 16
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from engine_helpers import run_interpreted
 
 from engine.attention.metadata import AttentionMetadata, build_step_inputs
 from engine.attention.torch_sdpa import TorchSDPABackend
@@ -31,7 +27,6 @@ from engine.attention import triton_decode  # noqa: E402
 from engine.attention.fa4 import FlashAttnCuteBackend  # noqa: E402
 from engine.attention.triton_decode import choose_num_splits, split_unit  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 FP32 = dict(rtol=1e-4, atol=1e-5)
 FP16 = dict(rtol=1e-2, atol=2e-3)
 
@@ -137,15 +132,8 @@ CASES = _build_cases()
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict[str, list[tuple[torch.Tensor, bool]]]:
     """Every case run through the interpreted kernel, in one subprocess."""
-    folder = tmp_path_factory.mktemp("triton_decode")
-    torch.save({name: spec for name, (spec, _) in CASES.items()}, folder / "cases.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", WORKER, str(folder / "cases.pt"), str(folder / "out.pt")],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(folder / "out.pt")
+    cases = {name: spec for name, (spec, _) in CASES.items()}
+    return run_interpreted(WORKER, cases, tmp_path_factory.mktemp("triton_decode"))
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if n != "no-keys"])

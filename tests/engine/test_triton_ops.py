@@ -9,13 +9,9 @@ The interpreter runs in a subprocess (TRITON_INTERPRET must be set before triton
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from engine_helpers import run_interpreted
 
 from engine.layers.activation import silu_and_mul
 from engine.layers.layernorm import add_rms_norm, rms_norm
@@ -23,7 +19,6 @@ from engine.layers.rotary import RotaryEmbedding, apply_rotary
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=0, atol=0)}
 
 WORKER = """
@@ -84,17 +79,7 @@ def _cases() -> tuple[dict, dict]:
 
 def test_triton_layer_kernels_match_torch(tmp_path):
     cases, refs = _cases()
-    torch.save(cases, tmp_path / "in.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", WORKER, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = torch.load(tmp_path / "out.pt")
+    got = run_interpreted(WORKER, cases, tmp_path)
     assert sorted(got) == sorted(refs)
     for name, expected in refs.items():
         for g_t, e_t in zip(got[name], expected, strict=True):
