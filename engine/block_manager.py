@@ -411,6 +411,27 @@ class BlockManager:
         self._lazy_chains[block_id] = _LazyChain(seq)
         return True
 
+    def split_lazy_fills(
+        self, fills: list[tuple[Sequence, int]]
+    ) -> tuple[list[tuple[Sequence, int]], list[tuple[Sequence, int]]]:
+        """(sequence, computed tokens) pairs that fill blocks, split into those that register lazily
+        (`registers_lazily`) and the others, in order."""
+        chains = self._lazy_chains
+        lazy: list[tuple[Sequence, int]] = []
+        eager: list[tuple[Sequence, int]] = []
+        for fill in fills:
+            seq = fill[0]
+            chain = chains.get(seq.block_table[0]) if seq.num_cached_blocks else None
+            (lazy if chain is not None and chain.seq is seq else eager).append(fill)
+        return lazy, eager
+
+    def extend_lazy_chains(self, fills: list[tuple[Sequence, int]]) -> None:
+        """`cache_full_blocks` of (sequence, computed tokens) pairs whose sequences register lazily
+        (`split_lazy_fills`): their new full blocks join their chains."""
+        bs = self.block_size
+        for seq, num_tokens in fills:
+            seq.num_cached_blocks = num_tokens // bs
+
     def registers_lazily(self, seq: Sequence) -> bool:
         """Whether the full blocks `seq` fills next join its lazy chain: then their hashes match no
         registered hash and no block that another sequence fills."""
