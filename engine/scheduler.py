@@ -790,7 +790,8 @@ class Scheduler:
         if self.record_itl:
             self._record_gaps(first_time, gaps)
             if sampled_at is not None:  # the run's first step: every token's previous came then
-                self._record_gaps(float(times[1]), {sampled_at: len(running)})
+                self.itl_gaps.append(float(times[1]) - sampled_at)
+                self.itl_weights.append(len(running))
             if k > 1:
                 self.itl_runs.append((array("d", times[1:]), len(running)))  # 8 bytes a step
         return done
