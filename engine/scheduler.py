@@ -846,6 +846,12 @@ class Scheduler:
         if not opens:
             return
         opens.sort()
+        if k <= bs:  # (first steps from 1) one block each
+            block_ids = []
+            bm.take_free_blocks(block_ids, len(opens))
+            for (_, idx), block_id in zip(opens, block_ids):
+                running[idx].block_table.append(block_id)
+            return
         # every sequence opens m or m + 1 blocks (first steps lie within bs), the latter at the front
         counts = [(k - first) // bs + 1 for first, _ in opens]
         n, m = len(opens), counts[-1]
