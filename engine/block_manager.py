@@ -301,7 +301,7 @@ class BlockManager:
                 return
         # the rest are cached blocks, least recently freed first: evict the prefixes they hold
         self.num_evictions += num
-        if num == 1 and self._take_one_lazy(table):  # a decode opening a block, the usual case
+        if self._take_from_lazy_front(table, num):  # the usual case
             return
         popleft, stale = self.free_cached.popleft, self._num_stale
         hashes, srcs, hash_to_block_id = self.cached_hashes, self.cached_token_srcs, self._hash_to_block_id
@@ -325,13 +325,21 @@ class BlockManager:
             table.append(block_id)
             num -= 1
 
-    def _take_one_lazy(self, table: list[int]) -> bool:
-        """`take_free_blocks` of one cached block when the front of the free list is a freed lazy chain
-        that keeps more than that block: its last block, the chain staying in front; else False."""
+    def _take_from_lazy_front(self, table: list[int], num: int) -> bool:
+        """`take_free_blocks` of `num` cached blocks when the front of the free list is a freed lazy
+        chain that keeps more than that many: its last ones, last first, the chain staying in front
+        (as `_evict_lazy_blocks` would leave it); else False, taking none."""
         chain = self.free_cached[0]
-        if chain.__class__ is not _LazyChain or chain.materialized or len(chain.free_blocks) < 2:
+        if chain.__class__ is not _LazyChain or chain.materialized:
             return False
-        table.append(chain.free_blocks.pop())  # its stored ref count is already 1 (see `_free_lazy`)
+        blocks = chain.free_blocks
+        if len(blocks) <= num:
+            return False
+        if num == 1:  # a decode opening a block
+            table.append(blocks.pop())  # its stored ref count is already 1 (see `_free_lazy`)
+        else:
+            table += blocks[: -num - 1 : -1]
+            del blocks[-num:]
         return True
 
     def _evict_lazy_blocks(self, chain: _LazyChain, num: int, table: list[int]) -> int:
@@ -410,6 +418,27 @@ class BlockManager:
         self.cached_block_indices[block_id] = 0
         self._lazy_chains[block_id] = _LazyChain(seq)
         return True
+
+    def split_lazy_fills(
+        self, fills: list[tuple[Sequence, int]]
+    ) -> tuple[list[tuple[Sequence, int]], list[tuple[Sequence, int]]]:
+        """(sequence, computed tokens) pairs that fill blocks, split into those that register lazily
+        (`registers_lazily`) and the others, in order."""
+        chains = self._lazy_chains
+        lazy: list[tuple[Sequence, int]] = []
+        eager: list[tuple[Sequence, int]] = []
+        for fill in fills:
+            seq = fill[0]
+            chain = chains.get(seq.block_table[0]) if seq.num_cached_blocks else None
+            (lazy if chain is not None and chain.seq is seq else eager).append(fill)
+        return lazy, eager
+
+    def extend_lazy_chains(self, fills: list[tuple[Sequence, int]]) -> None:
+        """`cache_full_blocks` of (sequence, computed tokens) pairs whose sequences register lazily
+        (`split_lazy_fills`): their new full blocks join their chains."""
+        bs = self.block_size
+        for seq, num_tokens in fills:
+            seq.num_cached_blocks = num_tokens // bs
 
     def registers_lazily(self, seq: Sequence) -> bool:
         """Whether the full blocks `seq` fills next join its lazy chain: then their hashes match no

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from itertools import chain, compress, islice
-from operator import attrgetter, not_
+from operator import attrgetter, not_, sub
 
 from engine.block_manager import ROOT_HASH, BlockManager
 from engine.config import SchedulerConfig, cdiv
@@ -243,6 +243,9 @@ class Scheduler:
         # a plain decode: set by a run that finished none, cleared by `schedule` and `postprocess`
         # (nothing else changes the running requests), so the next run need not check them again.
         self._decode_steps_left: int | None = None
+        # Every running request is a plain decode (see `_decode_run_limit`): set by any run, cleared
+        # by `schedule` and `postprocess` as above.
+        self._plain_decodes = False
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -292,6 +295,7 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         self._decode_steps_left = None
+        self._plain_decodes = False
         step = self.policy.schedule(self)
         return make_batch(
             step.seqs,
@@ -306,6 +310,7 @@ class Scheduler:
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
         """Account the step's computed tokens, append sampled tokens, finish what is done."""
         self._decode_steps_left = None
+        self._plain_decodes = False
         now = self.clock()
         finished, self._finished_outside_step = self._finished_outside_step, []
         if batch.kind == "decode":  # the hot path: every sequence computed its one pending token
@@ -653,9 +658,10 @@ class Scheduler:
     def _finish_run(
         self, done: list[Sequence], end: float, token_id: int, steps_left: int | None
     ) -> list[Sequence]:
-        """Finish the requests a run ending at `end` finished; else remember `steps_left`, the steps
-        the running plain decodes can still run (None: not known)."""
+        """Finish the requests a run ending at `end` finished; remember that the others are plain
+        decodes, and `steps_left`, the steps they can still run, if none finished (None: not known)."""
         self._decode_steps_left = None if done else steps_left
+        self._plain_decodes = True
         finished: list[Sequence] = []
         if done:
             max_model_len = self.config.max_model_len
@@ -670,6 +676,8 @@ class Scheduler:
         ignored, blocks covering exactly its computed tokens, cache registered)."""
         if self._decode_steps_left is not None:  # nothing changed since a run checked them
             return min(self._decode_steps_left, max_steps)
+        if self._plain_decodes:  # the survivors of a run: only their length stops are unknown
+            return min(_fewest_tokens_left(self.running), max_steps)
         bs = self.block_manager.block_size
         caching = self.block_manager.enable_prefix_caching
         k_max = max_steps
@@ -695,6 +703,8 @@ class Scheduler:
         in rounds of one block per sequence, each round in the order of that first step."""
         bm, running = self.block_manager, self.running
         bs, free = bm.block_size, bm.num_free_blocks
+        if len(near) * (k // bs + 1) <= free:
+            return k  # each opens at most k // bs + 1 blocks: enough are free (the usual case)
         need = 0
         for idx in near:
             more = -(-(computed[idx] + k) // bs) - len(running[idx].block_table)
@@ -780,7 +790,8 @@ class Scheduler:
         if self.record_itl:
             self._record_gaps(first_time, gaps)
             if sampled_at is not None:  # the run's first step: every token's previous came then
-                self._record_gaps(float(times[1]), {sampled_at: len(running)})
+                self.itl_gaps.append(float(times[1]) - sampled_at)
+                self.itl_weights.append(len(running))
             if k > 1:
                 self.itl_runs.append((array("d", times[1:]), len(running)))  # 8 bytes a step
         return done
@@ -790,31 +801,35 @@ class Scheduler:
         running requests' computed tokens before the run; `near`: the indices among them that
         `_near_block_ends` gives for at least k steps (the others open and fill no block)."""
         bm, running = self.block_manager, self.running
-        if bm.enable_prefix_caching and self._new_blocks_collide(k, computed, near):
+        if not bm.enable_prefix_caching:
+            self._take_run_blocks(k, computed, near)
+            return
+        bs = bm.block_size
+        fills = [  # (sequence, computed tokens after the steps) of those filling blocks
+            (seq, num_tokens)
+            for i in near
+            if (num_tokens := computed[i] + k) // bs > (seq := running[i]).num_cached_blocks
+        ]
+        lazy, eager = bm.split_lazy_fills(fills)
+        if eager and self._new_blocks_collide(eager):
             self._apply_block_events(k, computed, near)
             return
         self._take_run_blocks(k, computed, near)
-        if bm.enable_prefix_caching:
-            for idx in near:
-                seq = running[idx]
-                num_tokens = computed[idx] + k
-                if num_tokens // bm.block_size > seq.num_cached_blocks:
-                    bm.cache_full_blocks(seq, num_tokens)
+        bm.extend_lazy_chains(lazy)  # nothing to hash or register; they touch no other sequence
+        for seq, num_tokens in eager:
+            bm.cache_full_blocks(seq, num_tokens)
 
-    def _new_blocks_collide(self, k: int, computed: list[int], near: list[int]) -> bool:
-        """Whether a block that the next k steps fill has a hash already cached or filled twice: only
-        then does registering in stepping's order, between allocations, change the outcome. The blocks
-        of a sequence that registers lazily can do neither (see `BlockManager`): they are not hashed."""
-        bm, running = self.block_manager, self.running
+    def _new_blocks_collide(self, eager: list[tuple[Sequence, int]]) -> bool:
+        """Whether a block that the next steps fill has a hash already cached or filled twice: only
+        then does registering in stepping's order, between allocations, change the outcome.
+        `eager`: the (sequence, computed tokens after the steps) that fill blocks and register them
+        eagerly; the blocks of a sequence that registers lazily can do neither (see `BlockManager`)."""
+        bm = self.block_manager
         bs = bm.block_size
         new_hashes: list[int] = []
-        for idx in near:
-            seq = running[idx]
-            num_full = (computed[idx] + k) // bs
-            if num_full > seq.num_cached_blocks and not bm.registers_lazily(seq):
-                new_hashes += bm.block_hashes(seq, num_full)[seq.num_cached_blocks : num_full]
-        if not new_hashes:
-            return False
+        for seq, num_tokens in eager:
+            num_full = num_tokens // bs
+            new_hashes += bm.block_hashes(seq, num_full)[seq.num_cached_blocks : num_full]
         return bm.any_registered(new_hashes) or len(set(new_hashes)) < len(new_hashes)
 
     def _take_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
@@ -831,6 +846,12 @@ class Scheduler:
         if not opens:
             return
         opens.sort()
+        if k <= bs:  # (first steps from 1) one block each
+            block_ids = []
+            bm.take_free_blocks(block_ids, len(opens))
+            for (_, idx), block_id in zip(opens, block_ids):
+                running[idx].block_table.append(block_id)
+            return
         # every sequence opens m or m + 1 blocks (first steps lie within bs), the latter at the front
         counts = [(k - first) // bs + 1 for first, _ in opens]
         n, m = len(opens), counts[-1]
@@ -863,6 +884,13 @@ class Scheduler:
 
 
 _get_num_computed_tokens = attrgetter("num_computed_tokens")
+_get_stop_num_tokens = attrgetter("stop_num_tokens")
+_get_token_ids = attrgetter("token_ids")
+
+
+def _fewest_tokens_left(seqs: list[Sequence]) -> int:
+    """The fewest tokens any of `seqs` can still get before its length stop (in C)."""
+    return min(map(sub, map(_get_stop_num_tokens, seqs), map(len, map(_get_token_ids, seqs))))
 
 
 def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
@@ -871,6 +899,8 @@ def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
     if k <= 0:
         return []
     last = block_size - k
+    if last <= 1:  # every slot of a block is within k steps
+        return list(range(len(computed)))
     return [i for i, c in enumerate(computed) if not 0 < c % block_size < last]
 
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from engine.scheduler import accumulate_decode_times
+from engine.scheduler import ScheduledBatch, accumulate_decode_times
 
 KINDS = ("prefill", "decode", "mixed", "empty")
 # `decode_step_times`: steps done one by one first, then numpy passes of growing size.
@@ -254,6 +254,8 @@ def decode_context_tokens(batch: Any) -> int:
         return batch.num_context_tokens
     if kind != "mixed":
         return 0
+    if batch.__class__ is ScheduledBatch:  # (make_batch's: aligned tuples, totals that add up)
+        return batch.num_context_tokens - sum(compress(batch.num_computed_tokens, batch.is_prefill))
     computed = getattr(batch, "num_computed_tokens", None)
     is_prefill = getattr(batch, "is_prefill", None)
     if isinstance(computed, tuple) and isinstance(is_prefill, tuple):

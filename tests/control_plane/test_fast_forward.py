@@ -409,3 +409,19 @@ def test_near_block_ends_lists_the_decodes_that_open_or_fill_a_block_within_k_st
                 opens = cdiv(c, bs) * bs - c + 1 <= k  # blocks cover exactly the computed tokens
                 fills = (c + k) // bs > c // bs
                 assert (_near_block_ends([c], bs, k) == [0]) == (opens or fills), (bs, k, c)
+
+
+def test_a_run_that_finishes_some_leaves_the_others_known_as_plain_decodes():
+    sched, _, _, seqs = decoding(n=3, max_tokens=[10, 6, 8])
+    assert sched.fast_forward(HALF, 1.0, math.inf) == (5, 3.5, [seqs[1]])
+    assert sched._plain_decodes and sched._decode_steps_left is None
+    # 3 + 6 of 3 + 10 and of 3 + 8 tokens: 4 and 2 left; the same as checking every request
+    assert sched._decode_run_limit(1 << 30) == 2
+    assert sched._decode_run_limit(1) == 1
+    sched._plain_decodes = False
+    assert sched._decode_run_limit(1 << 30) == 2
+    sched._plain_decodes = True
+    assert sched.fast_forward(HALF, 3.5, math.inf) == (2, 4.5, [seqs[2]])
+    assert sched.running == seqs[:1] and sched._plain_decodes
+    sched.schedule()
+    assert not sched._plain_decodes and sched._decode_steps_left is None

@@ -159,3 +159,45 @@ def test_views_materialize_and_change_no_outcome():
         b = seq(1, [1, 2, 3, 4, 9])
         seen.append((admit(bm, b), allocation_state(bm), block_manager_state(bm)))
     assert seen[0] == seen[1]
+
+
+def test_blocks_taken_from_a_freed_lazy_chain_in_front_are_its_last_ones():
+    seen = []
+    for bm in lazy_and_eager(8, 2):
+        a = seq(0, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+        admit(bm, a)  # blocks 0 (first) .. 5, all full: 1..5 lazy
+        bm.free(a)
+        bm.take_free_blocks([], 2)  # the two uncached blocks (6, 7)
+        table: list[int] = []
+        bm.take_free_blocks(table, 3)  # from the chain in front: its last three, last first
+        assert table == [5, 4, 3]
+        if bm.lazy_registration:
+            assert [len(e.free_blocks) for e in bm.free_cached if not isinstance(e, int)] == [2]
+        bm.take_free_blocks(table, 1)
+        assert table == [5, 4, 3, 2]
+        seen.append((table, allocation_state(bm), block_manager_state(bm)))
+    assert seen[0] == seen[1]
+
+
+def test_run_fills_split_into_lazy_and_eager_ones():
+    bm = BlockManager(16, 2)
+    a = seq(0, [1, 2, 3, 4, 5, 6, 7])
+    admit(bm, a)  # a lazy chain: blocks 1, 2 after first block 0
+    b = seq(1, [9])  # no full block yet: its first fill registers eagerly
+    admit(bm, b)
+    assert bm.split_lazy_fills([(a, 9), (b, 2)]) == ([(a, 9)], [(b, 2)])
+    assert bm.split_lazy_fills([]) == ([], [])
+    states = []
+    for extend in (True, False):
+        bm = BlockManager(16, 2)
+        a = seq(0, [1, 2, 3, 4, 5, 6, 7])
+        admit(bm, a)
+        a.token_ids += [8, 9]
+        bm.take_free_blocks(a.block_table, 1)  # blocks for 9 tokens: 4 and 5 full after the step
+        if extend:
+            bm.extend_lazy_chains([(a, 9)])
+        else:
+            bm.cache_full_blocks(a, 9)
+        states.append((a.num_cached_blocks, bm.registers_lazily(a), num_registered(bm), allocation_state(bm)))
+    assert states[0] == states[1]
+    assert states[0][:3] == (4, True, 1)  # still lazy: only the first block is registered
