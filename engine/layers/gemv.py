@@ -1,12 +1,13 @@
-"""Small-batch linear layers in Triton (decode at 1–8 tokens): y = x W^T read at memory speed, with
-the op before the projection fused in (RMSNorm with its residual add, or SiLU-and-multiply).
+"""Small-batch linear layers in Triton (one-token decode): y = x W^T read at memory speed, with the
+op before the projection fused in (RMSNorm with its residual add, or SiLU-and-multiply).
 
 Why: at one token cuBLAS reads Qwen3-0.6B's 1.2 GB of weights at ~1.3 TB/s, and every norm and
 activation is a launch of its own; single-stream decode is bound by both. The prologues do the same
 arithmetic as triton_ops.py (float32 statistics, rounding where HF rounds), so the projection sees
 the same input as the unfused path; only the order of the dot product's sums differs from cuBLAS.
-CUDA only (tests run the kernels in Triton's interpreter). Rows are a runtime argument: one
-compiled variant per power-of-two row block (1, 2, 4, 8) and weight shape.
+CUDA only (tests run the kernels in Triton's interpreter). The kernel takes any few rows (a runtime
+argument; one compiled variant per power-of-two row block and weight shape); the engine gives it one
+(`MAX_ROWS`), where it wins.
 """
 
 from __future__ import annotations
