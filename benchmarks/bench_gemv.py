@@ -51,18 +51,6 @@ def time_graph(fn, repeats: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def triton_call(x, w, block_n: int, block_k: int, warps: int) -> torch.Tensor:
-    m, k = x.shape
-    n = w.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    gemv._gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, x.stride(0), x, 0, w, out, w, w, out, m, 0.0,
-        N=n, K=k, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k,
-        PROLOGUE=0, HAS_RESIDUAL=False, HAS_BIAS=False, num_warps=warps,
-    )  # fmt: skip
-    return out
-
-
 def candidates(rows: int, k: int) -> list[tuple[int, int, int]]:
     """(BLOCK_N, BLOCK_K, warps) with tiles of 2k–8k products."""
     out = []
@@ -87,7 +75,7 @@ def bench_shape(name: str, n: int, k: int, layers: int, rows: int, sweep: bool) 
         results = []
         for cfg in candidates(rows, k):
             try:
-                t = time_graph(lambda cfg=cfg: [triton_call(x, w, *cfg) for w in ws], repeats=8) / layers
+                t = time_graph(lambda cfg=cfg: [gemv.linear(x, w, tiles=cfg) for w in ws], repeats=8) / layers
             except Exception as exc:  # a tile the compiler refuses: skip it
                 print(f"  {name} {cfg}: {type(exc).__name__}")
                 continue

@@ -43,9 +43,15 @@ def serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ weight [N, K]^T (+ bias) -> [M, N]."""
-    return _launch(PROLOGUE_NONE, x, None, None, 0.0, weight, bias, None)
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    tiles: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T (+ bias) -> [M, N]. `tiles`: (BLOCK_N, BLOCK_K, num_warps) in place
+    of `block_sizes`' (for tuning them)."""
+    return _launch(PROLOGUE_NONE, x, None, None, 0.0, weight, bias, None, tiles)
 
 
 def norm_linear(
@@ -82,7 +88,7 @@ def _next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _launch(prologue, x, residual, norm_weight, eps, weight, bias, summed) -> torch.Tensor:
+def _launch(prologue, x, residual, norm_weight, eps, weight, bias, summed, tiles=None) -> torch.Tensor:
     m, k = x.shape
     n = weight.shape[0]
     k_in = 2 * weight.shape[1] if prologue == PROLOGUE_SILU else weight.shape[1]
@@ -91,7 +97,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, summed) -> to
     if x.stride(-1) != 1 or not weight.is_contiguous():
         raise ValueError("gemv: the input's rows and the weight must be contiguous")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = block_sizes(m, weight.shape[1])
+    block_n, block_k, warps = tiles or block_sizes(m, weight.shape[1])
     has_res = residual is not None
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x,

@@ -27,7 +27,7 @@ assert type(gemv._gemv_kernel).__name__ == "InterpretedFunction", "not interpret
 out = {}
 for name, c in torch.load(sys.argv[1]).items():
     if c["op"] == "linear":
-        out[name] = (gemv.linear(c["x"], c["w"], c["b"]),)
+        out[name] = (gemv.linear(c["x"], c["w"], c["b"], tiles=c.get("tiles")),)
     elif c["op"] == "norm_linear":
         y, summed = gemv.norm_linear(c["x"], c["r"], c["g"], 1e-6, c["w"])
         out[name] = (y, summed, torch.tensor(summed is c["x"]))
@@ -57,6 +57,8 @@ def _cases() -> tuple[dict, dict]:
             norm_w = (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
             cases[f"linear_{key}"] = dict(op="linear", x=x, w=w, b=b)
             refs[f"linear_{key}"] = (_linear(x, w, b),)
+            cases[f"linear_tiles_{key}"] = dict(op="linear", x=x, w=w, b=b, tiles=(4, 32, 1))  # 3 K blocks
+            refs[f"linear_tiles_{key}"] = refs[f"linear_{key}"]
             normed, summed = add_rms_norm(x, r, norm_w, 1e-6)
             cases[f"add_norm_{key}"] = dict(op="norm_linear", x=x, r=r, g=norm_w, w=w)
             refs[f"add_norm_{key}"] = (_linear(normed, w), summed, torch.tensor(False))
