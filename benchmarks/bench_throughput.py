@@ -31,13 +31,54 @@ def nano_vllm_workload(num_seqs: int = 256, max_input: int = 1024, max_output: i
     return prompts, params
 
 
-def single_stream_ms_per_token(llm: LLM, prompt_len: int = 128, max_tokens: int = 256) -> float:
-    """Median wall time of the decode steps of one request alone."""
+def single_stream(llm: LLM, prompt_len: int = 128, max_tokens: int = 256) -> tuple[float, float]:
+    """One request alone: (median wall time of its decode steps, its time per output token after
+    the first), in ms."""
     llm.recorder.reset()
-    llm.generate([list(range(1, prompt_len + 1))], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
-                 use_tqdm=False)  # fmt: skip
+    seq = llm.add_request(list(range(1, prompt_len + 1)), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))  # fmt: skip
+    while llm.has_unfinished():
+        llm.step()
     df = llm.recorder.to_dataframe()
-    return float(df.loc[df["kind"] == "decode", "wall_time_s"].median() * 1e3)
+    step_ms = float(df.loc[df["kind"] == "decode", "wall_time_s"].median() * 1e3)
+    return step_ms, (seq.finish_time - seq.first_token_time) / (max_tokens - 1) * 1e3
+
+
+def timed_run(llm: LLM, prompts, params, records: str | None) -> dict:
+    """The recipe's generate call and one single stream, on `llm` as it is set."""
+    llm.recorder.reset()
+    t = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t
+    total = sum(p.max_tokens for p in params)
+    df = llm.recorder.to_dataframe()
+    if records:
+        llm.recorder.save(records)
+    async_steps = llm.num_async_steps
+    step_ms, tpot_ms = single_stream(llm)
+    kinds = df.groupby("kind").agg(
+        steps=("step", "size"),
+        seqs_mean=("num_seqs", "mean"),
+        wall_ms_median=("wall_time_s", lambda x: 1e3 * x.median()),
+        gpu_ms_median=("gpu_time_s", lambda x: 1e3 * x.median()),
+        wall_s_total=("wall_time_s", "sum"),
+    )
+    print(f"async_scheduling={llm.async_scheduling}")
+    print(kinds.round(2).to_string())
+    return {
+        "async_scheduling": llm.async_scheduling,
+        "output_tokens": total,
+        "wall_s": round(wall, 3),
+        "tok_per_s": round(total / wall, 1),
+        "steps": len(df),
+        "async_steps": async_steps,
+        "compiled_steps": int(df["compiled"].sum()),
+        "gpu_busy_frac": round(float(df["gpu_time_s"].sum() / df["wall_time_s"].sum()), 3),
+        "decode_step_ms_median": round(
+            float(df.loc[df["kind"] == "decode", "wall_time_s"].median() * 1e3), 2
+        ),
+        "single_stream_ms_per_token": round(step_ms, 3),
+        "single_stream_tpot_ms": round(tpot_ms, 3),
+    }
 
 
 def main() -> None:
@@ -50,6 +91,12 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument(
+        "--async-scheduling",
+        default="off",
+        choices=["off", "on", "both"],
+        help="overlap decode steps' host work with the device (both: off, on, off, on on one engine)",
+    )
     ap.add_argument("--records", help="write the timed run's step records here (.parquet or .csv)")
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args()
@@ -75,44 +122,26 @@ def main() -> None:
     start_s = time.perf_counter() - t0
     prompts, params = nano_vllm_workload(args.num_seqs)
     llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up request
-    llm.recorder.reset()
-    t = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - t
-    total = sum(p.max_tokens for p in params)
-    df = llm.recorder.to_dataframe()
-    if args.records:
-        llm.recorder.save(args.records)
-    single = single_stream_ms_per_token(llm)
-    summary = {
+    modes = {"off": [False], "on": [True], "both": [False, True, False, True]}[args.async_scheduling]
+    runs = []
+    for i, mode in enumerate(modes):
+        llm.async_scheduling = mode
+        llm.num_async_steps = 0
+        runs.append(timed_run(llm, prompts, params, args.records if i == len(modes) - 1 else None))
+    head = {
         "backend": llm.attention_backend,
         "block_size": args.block_size,
         "policy": args.policy,
         "num_kv_blocks": llm.runner.num_kv_blocks,
         "start_s": round(start_s, 1),
-        "output_tokens": total,
-        "wall_s": round(wall, 3),
-        "tok_per_s": round(total / wall, 1),
-        "steps": len(df),
-        "compiled_steps": int(df["compiled"].sum()),
-        "gpu_busy_frac": round(float(df["gpu_time_s"].sum() / df["wall_time_s"].sum()), 3),
-        "decode_step_ms_median": round(
-            float(df.loc[df["kind"] == "decode", "wall_time_s"].median() * 1e3), 2
-        ),
-        "single_stream_ms_per_token": round(single, 3),
     }
     llm.close()
-    kinds = df.groupby("kind").agg(
-        steps=("step", "size"),
-        seqs_mean=("num_seqs", "mean"),
-        wall_ms_median=("wall_time_s", lambda x: 1e3 * x.median()),
-        gpu_ms_median=("gpu_time_s", lambda x: 1e3 * x.median()),
-        wall_s_total=("wall_time_s", "sum"),
-    )
-    print(kinds.round(2).to_string())
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
-    print("\n".join(f"{k:>28}  {v}" for k, v in summary.items()))
+        Path(args.json).write_text(json.dumps({**head, "runs": runs}, indent=2))
+    print("\n".join(f"{k:>28}  {v}" for k, v in head.items()))
+    table = [(k, *(r[k] for r in runs)) for k in runs[0]]
+    for row in table:
+        print(f"{row[0]:>28}  " + "  ".join(f"{v!s:>10}" for v in row[1:]))
 
 
 if __name__ == "__main__":

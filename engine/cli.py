@@ -29,6 +29,11 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="launch each decode step while the one before it runs (record profiles the way you serve)",
+    )
     p.add_argument("--gpu", default=None, help="GPU type to label results with (default: the one detected)")
     p.add_argument("--dist-port", type=int, default=None, help="TP rendezvous port (default: a free one)")
     p.add_argument(
@@ -74,6 +79,7 @@ def _open_llm(args: argparse.Namespace, workdir: str):
         tensor_parallel_size=args.tp,
         dist_port=args.dist_port,
         profile_allreduce=args.profile_allreduce,
+        async_scheduling=args.async_scheduling,
     )
 
 

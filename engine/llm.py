@@ -12,7 +12,9 @@ from __future__ import annotations
 import gc
 import math
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +28,31 @@ from engine.distributed import MultiprocExecutor, check_tp_shapes, rank_device
 from engine.layers.distributed import AllReduceTimer, time_all_reduces
 from engine.loader import read_hf_config
 from engine.model_runner import ModelRunner
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
 from engine.step_recorder import StepRecorder
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 COMPILE_CHECK_S = 0.02  # steps at least this long ask whether a kernel variant was compiled
+PLACEHOLDER_TOKEN = 0  # what a deferred step's sequences hold until its tokens reach the host
+
+
+@dataclass
+class _InFlight:
+    """A decode step launched on the device and postprocessed on placeholder tokens (async
+    scheduling): its sampled `tokens` are still on the device (the next step's inputs); `values`
+    waits for their copy to the host. `positions`: where each sequence's placeholder is; `stamp`:
+    the clock value its postprocess wrote (token and finish times)."""
+
+    batch: ScheduledBatch
+    tokens: Any
+    values: Callable[[], list[int]]
+    timer: Any
+    t0: float
+    stamp: float
+    positions: list[int]
+    finished: list[Sequence]
 
 
 class LLM:
@@ -49,6 +69,10 @@ class LLM:
     (benchmarks/diag_replay_steps.py, docs/PERF.md session 4); the shipped profiles were fitted without.
     `prefill_graphs` (default $KVPLAN_PREFILL_GRAPHS, else on) runs prefill and mixed steps through
     piecewise CUDA graphs (engine/piecewise.py) whenever decode steps use graphs.
+    `async_scheduling` overlaps the host's work for a decode step (postprocess, schedule, inputs,
+    launch) with the device's work for the step before it (see `_InFlight`); tokens, schedules and
+    step shapes are those of the synchronous loop. Off by default: the shipped latency profiles were
+    recorded without it.
     """
 
     def __init__(
@@ -75,6 +99,7 @@ class LLM:
         dist_timeout_s: float = 600.0,
         profile_allreduce: bool = False,
         freeze_gc: bool = False,
+        async_scheduling: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir)
         self._froze_gc = False
@@ -122,7 +147,13 @@ class LLM:
         except Exception as e:
             self._raise_tp_failure(e, "while starting")
         self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, clock=time.perf_counter)
+        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, clock=self._clock)
+        # async scheduling: only one process drives the device (the ranks of TP replay each batch)
+        self.async_scheduling = async_scheduling and self.executor is None
+        self._inflight: _InFlight | None = None
+        self._stamp: float | None = None  # what the scheduler's clock reads while set
+        self._last_ready = -math.inf  # perf_counter when the last step's tokens reached the host
+        self.num_async_steps = 0  # steps launched while the step before them was still running
         self.recorder = (
             StepRecorder(tp, block_size, cuda=self.device.type == "cuda") if record_steps else None
         )
@@ -135,15 +166,16 @@ class LLM:
     def attention_backend(self) -> str:
         return self.runner.backend.name
 
-    def kernel_choices(self) -> dict[str, str | None]:
+    def kernel_choices(self) -> dict[str, Any]:
         """Which kernels this engine runs where there is a choice (recorded with profiles and replays):
         the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends), the per-token
-        layers' ("triton" / "compile" / "torch") and how prefill/mixed steps run ("piecewise" CUDA
-        graphs or "eager")."""
+        layers' ("triton" / "compile" / "torch"), how prefill/mixed steps run ("piecewise" CUDA
+        graphs or "eager") and whether decode steps are scheduled asynchronously."""
         return {
             "decode_kernel": getattr(self.runner.backend, "decode_kernel", None),
             "layer_kernels": self.runner.layer_impl,
             "prefill_graphs": "piecewise" if self.runner.piecewise is not None else "eager",
+            "async_scheduling": self.async_scheduling,
         }
 
     def decode_split_kv(self) -> dict[str, int] | None:
@@ -161,6 +193,7 @@ class LLM:
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
         """Free the model, the KV cache and the graphs; stop and join the other ranks (idempotent)."""
+        self._inflight = None
         if self._froze_gc:
             gc.unfreeze()
             self._froze_gc = False
@@ -190,36 +223,142 @@ class LLM:
         return self.scheduler.add_request(token_ids, sampling_params or SamplingParams(), arrival_time, eos)
 
     def step(self) -> list[Sequence]:
-        """Run one engine step; returns the sequences that finished in it."""
+        """Run one engine step; returns the sequences that finished in it. With async scheduling a
+        decode step may be left running on the device: its tokens reach the host in the next call,
+        which returns the sequences it finished, after launching the step behind it when it can."""
         if self.runner is None:
             raise RuntimeError("LLM is closed")
+        prev = self._inflight
         t0 = time.perf_counter()
+        if prev is None:
+            return self._step(t0)
+        if not self._may_schedule_ahead(prev):
+            return self._land(prev) + self._step(t0)
         batch = self.scheduler.schedule()
+        if self._chains(prev, batch):
+            timer = self.recorder.timer() if self.recorder is not None else None
+            tokens, _ = self.runner.launch(batch, timer, prev.tokens[: batch.num_seqs])
+            values = self.runner.stage_tokens(tokens)
+            finished = self._land(prev)
+            self._defer(batch, tokens, values, timer, t0)
+            self.num_async_steps += 1
+            return finished
+        return self._land(prev) + self._step(t0, batch)
+
+    def _step(self, t0: float, batch: ScheduledBatch | None = None) -> list[Sequence]:
+        """One step of `batch` (default: one scheduled now): run at once, or launched and left
+        running when async scheduling can defer it."""
+        if batch is None:
+            batch = self.scheduler.schedule()
         if batch.is_empty:
             return self.scheduler.postprocess(batch, [])
         recorder = self.recorder
         timer = recorder.timer() if recorder is not None else None
+        if self._can_defer(batch):
+            tokens, _ = self.runner.launch(batch, timer)
+            self._defer(batch, tokens, self.runner.stage_tokens(tokens), timer, t0)
+            return []
         allreduce = AllReduceTimer(self.device.type == "cuda") if self.profile_allreduce else None
         tokens = self._run(batch, timer, allreduce)
         finished = self.scheduler.postprocess(batch, tokens)
+        end = time.perf_counter()
+        start = max(t0, self._last_ready)  # a step landed in this call ended after t0
+        self._last_ready = end
         if recorder is not None:
-            wall = time.perf_counter() - t0
-            compiled = False
-            if wall >= COMPILE_CHECK_S:  # compiling a kernel takes far longer: fast steps skip the count
-                compiles = self.runner.compile_count()
-                compiled, self._compiles = compiles != self._compiles, compiles
             allreduce_s = allreduce.total() if allreduce is not None else math.nan
-            recorder.record(
-                batch,
-                timer,
-                wall,
-                self.runner.last_graph_batch_size,
-                compiled,
-                allreduce_s,
-                start_s=t0,
-                graph_num_tokens=self.runner.last_graph_num_tokens,
-            )
+            self._record(batch, timer, start, end - start, allreduce_s)
         return finished
+
+    def _record(
+        self, batch: ScheduledBatch, timer: Any, start: float, wall: float, allreduce_s: float = math.nan
+    ) -> None:
+        compiled = False
+        if wall >= COMPILE_CHECK_S:  # compiling a kernel takes far longer: fast steps skip the count
+            compiles = self.runner.compile_count()
+            compiled, self._compiles = compiles != self._compiles, compiles
+        self.recorder.record(
+            batch,
+            timer,
+            wall,
+            self.runner.last_graph_batch_size,
+            compiled,
+            allreduce_s,
+            start_s=start,
+            graph_num_tokens=self.runner.last_graph_num_tokens,
+        )
+
+    # ---- async scheduling -----------------------------------------------------------------------
+    def _clock(self) -> float:
+        return time.perf_counter() if self._stamp is None else self._stamp
+
+    def _can_defer(self, batch: ScheduledBatch) -> bool:
+        """A decode step whose sequences stop by length only (EOS ignored): postprocessing it needs no
+        token value, so it can run on placeholders while the device computes the tokens."""
+        return (
+            self.async_scheduling
+            and batch.kind == "decode"
+            and all(seq.stop_token_id == -1 for seq in batch.seqs)
+        )
+
+    def _may_schedule_ahead(self, prev: _InFlight) -> bool:
+        """Whether the next step can be scheduled before `prev`'s tokens are known: scheduling then
+        reads no token value. It would where a decode fills a block (prefix caching registers the
+        block's hash when it is scheduled), or where it preempts (a preempted request could be
+        admitted again in the same step); nothing waits, so no prompt is admitted before decodes."""
+        sched, bm = self.scheduler, self.block_manager
+        if sched.waiting or not sched.running:
+            return False
+        bs, caching = bm.block_size, bm.enable_prefix_caching
+        opens = 0
+        for seq in sched.running:
+            c = seq.num_computed_tokens  # the position of its pending token, a placeholder
+            if caching and (c + 1) % bs == 0:
+                return False
+            if c % bs == 0:
+                opens += 1
+        return opens <= bm.num_free_blocks
+
+    def _chains(self, prev: _InFlight, batch: ScheduledBatch) -> bool:
+        """Whether `batch` is a deferrable decode of the first sequences of `prev`, in order: its
+        input tokens are then the first of `prev`'s samples, still on the device."""
+        seqs, prev_seqs = batch.seqs, prev.batch.seqs
+        return (
+            len(seqs) <= len(prev_seqs)
+            and self._can_defer(batch)
+            and all(a is b for a, b in zip(seqs, prev_seqs))
+        )
+
+    def _defer(self, batch: ScheduledBatch, tokens: Any, values: Any, timer: Any, t0: float) -> None:
+        """Postprocess a launched decode step on placeholder tokens, stamped with a time that
+        `_land` replaces by the time its tokens reach the host."""
+        positions = [len(seq.token_ids) for seq in batch.seqs]
+        self._stamp = stamp = time.perf_counter()
+        try:
+            finished = self.scheduler.postprocess(batch, [PLACEHOLDER_TOKEN] * batch.num_seqs)
+        finally:
+            self._stamp = None
+        self._inflight = _InFlight(batch, tokens, values, timer, t0, stamp, positions, finished)
+
+    def _land(self, prev: _InFlight) -> list[Sequence]:
+        """Wait for `prev`'s tokens; put them and their time in place of the placeholders; record
+        the step. Returns the sequences it finished."""
+        self._inflight = None
+        values = prev.values()
+        ready = time.perf_counter()
+        stamp = prev.stamp
+        for seq, pos, token in zip(prev.batch.seqs, prev.positions, values):
+            seq.token_ids[pos] = token
+            if seq.first_token_time == stamp:
+                seq.first_token_time = ready
+            if seq.last_token_time == stamp:
+                seq.last_token_time = ready
+            if seq.finish_time == stamp:
+                seq.finish_time = ready
+        start = max(prev.t0, self._last_ready)  # launched while the step before it still ran
+        self._last_ready = ready
+        if self.recorder is not None:
+            self._record(prev.batch, prev.timer, start, ready - start)
+        return prev.finished
 
     def _run(self, batch, timer, allreduce: AllReduceTimer | None) -> list[int]:
         """Run the batch on every rank; rank 0's sampled tokens."""
@@ -242,7 +381,7 @@ class LLM:
         raise error from exc
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self._inflight is not None or self.scheduler.has_unfinished()
 
     # ---- offline API ----------------------------------------------------------------------------
     def generate(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,12 @@ class ModelRunner:
         self.kv_cache: KVCache | None = None
         self.model = self._load_model(model_dir, hf_config, tp_rank, tp_size)
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
-        self.staging = self._staging_buffer()
+        # two pinned buffers, used in turn: with async scheduling the host builds step n+1's inputs
+        # while step n's host-to-device copy may still be queued
+        self._stagings = (self._staging_buffer(), self._staging_buffer())
+        self._num_built = 0
+        self._token_buffers = self._token_host_buffers()  # async scheduling's token copies, in turn
+        self._num_staged = 0
         self.kv_cache = self._allocate_kv_cache(num_kv_blocks, gpu_memory_utilization, enforce_eager)
         self.kv_cache.bind(self.model.attention_layers(), backend)
         self.warmup()
@@ -168,6 +174,34 @@ class ModelRunner:
         width = cdiv(self.max_model_len, self.block_size)
         n = 3 * (self.max_num_batched_tokens + self.max_num_seqs) + self.max_num_seqs * (width + 8) + 16
         return torch.empty(n, dtype=torch.int32, pin_memory=True)
+
+    def _token_host_buffers(self) -> tuple[tuple[torch.Tensor, Any], ...]:
+        if not self.cuda:
+            return ()
+        self._stream = torch.cuda.current_stream(self.device)  # every step runs on it (looked up once)
+        return tuple(
+            (torch.empty(self.max_num_seqs, dtype=torch.int64, pin_memory=True), torch.cuda.Event())
+            for _ in range(2)
+        )
+
+    def stage_tokens(self, tokens: torch.Tensor) -> Callable[[], list[int]]:
+        """Queue the copy of sampled `tokens` to the host now (behind the step that samples them, ahead
+        of any step launched later); returns what waits for that copy alone and gives the values.
+        `.tolist()` would wait for everything queued before it, the next step included. Two pinned
+        buffers in turn: a step's values are read before the step after next is launched."""
+        if not self._token_buffers:
+            return tokens.tolist
+        buf, event = self._token_buffers[self._num_staged & 1]
+        self._num_staged += 1
+        host = buf[: tokens.numel()]
+        host.copy_(tokens, non_blocking=True)
+        event.record(self._stream)
+
+        def values() -> list[int]:
+            event.synchronize()
+            return host.tolist()
+
+        return values
 
     def _allocate_kv_cache(self, num_blocks: int | None, utilization: float, enforce_eager: bool) -> KVCache:
         if num_blocks is None:
@@ -336,9 +370,24 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch, timer: Any = None) -> list[int]:
         """Compute the batch's tokens; returns one token id per sequence (-1 where none is sampled, and
         everywhere on a tensor-parallel rank other than 0)."""
+        tokens, sampled = self.launch(batch, timer)
+        out = [-1] * batch.num_seqs
+        if tokens is not None:
+            for i, t in zip(sampled, tokens.tolist()):
+                out[i] = t
+        return out
+
+    @torch.inference_mode()
+    def launch(
+        self, batch: ScheduledBatch, timer: Any = None, input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, tuple[int, ...]]:
+        """Queue the batch's forward and sampling without waiting for them: (the sampled token ids on
+        the device, or None; which sequences of the batch they belong to). `input_ids`: the step's
+        input tokens on the device (async scheduling: the previous step's samples, not yet on the
+        host), replacing those the sequences hold."""
         if timer is not None:
             timer.start()
-        logits, inputs = self.compute_logits(batch)
+        logits, inputs = self.compute_logits(batch, input_ids)
         tokens = None
         if logits is not None:
             top_ks = inputs.top_ks if inputs.needs_top_k_top_p else None
@@ -346,17 +395,20 @@ class ModelRunner:
             tokens = self.sampler(logits, inputs.temperatures, top_ks, top_ps, all_greedy=inputs.all_greedy)
         if timer is not None:
             timer.stop()
-        out = [-1] * batch.num_seqs
-        if tokens is not None:
-            for i, t in zip(inputs.sampled_seq_indices, tokens.tolist()):
-                out[i] = t
-        return out
+        return tokens, inputs.sampled_seq_indices
 
     @torch.inference_mode()
-    def compute_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, StepInputs]:
+    def compute_logits(
+        self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, StepInputs]:
         """Forward the batch (decode through a CUDA graph when one fits); logits of the rows that
-        sample, in batch order (None when no row samples, or on a tensor-parallel rank other than 0)."""
-        inputs = build_step_inputs(batch, self.block_size, self.device, self.staging)
+        sample, in batch order (None when no row samples, or on a tensor-parallel rank other than 0).
+        `input_ids`: as for `launch`."""
+        staging = self._stagings[self._num_built & 1]
+        self._num_built += 1
+        inputs = build_step_inputs(batch, self.block_size, self.device, staging)
+        if input_ids is not None:
+            inputs.input_ids.copy_(input_ids, non_blocking=True)
         graph_bs = self._graph_size(batch)
         self.last_graph_num_tokens = 0
         if graph_bs:

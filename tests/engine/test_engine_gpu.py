@@ -141,3 +141,21 @@ def test_piecewise_graphs_match_eager(gpu_checkpoints, arch):
     a, b = logits[True], logits[False]
     assert ((a - b).norm() / b.norm()).item() < 1e-2
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.9
+
+
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_async_scheduling_matches_the_synchronous_loop(gpu_checkpoints, block_size):
+    """Decode steps through CUDA graphs, launched while the step before them runs: the same greedy
+    tokens and the same steps as the synchronous loop, and most decode steps overlapped."""
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    runs = {}
+    for overlap in (True, False):
+        with _engine(gpu_checkpoints["qwen3"], block_size=block_size, async_scheduling=overlap) as llm:
+            outputs = llm.generate(_prompts(2), params, use_tqdm=False)
+            steps = llm.recorder.to_dataframe()
+            runs[overlap] = ([o["token_ids"] for o in outputs], steps, llm.num_async_steps)
+    (tokens, steps, num_async), (sync_tokens, sync_steps, _) = runs[True], runs[False]
+    assert tokens == sync_tokens
+    shape = ["kind", "num_seqs", "total_num_scheduled_tokens", "num_context_tokens", "graph_batch_size"]
+    assert steps[shape].equals(sync_steps[shape])
+    assert num_async >= 0.5 * (steps["kind"] == "decode").sum()
