@@ -3,7 +3,8 @@
 Random-weight Qwen3-0.6B (made on the spot unless --model-dir is given); 256 requests from
 random.seed(0): prompts of randint(100, 1024) tokens each randint(0, 10000), then max_tokens
 randint(100, 1024), EOS ignored, max_model_len 4096; one warm-up request first. Throughput is
-sum(max_tokens) over the wall time of the generate call. Writes the step records as Parquet.
+sum(max_tokens) over the wall time of the generate call. Each timed run starts from an empty prefix
+cache. Writes the step records as Parquet.
 
     PYTHONPATH=. python3 benchmarks/bench_throughput.py --block-size 256 --records out/steps.parquet
 """
@@ -44,7 +45,9 @@ def single_stream(llm: LLM, prompt_len: int = 128, max_tokens: int = 256) -> tup
 
 
 def timed_run(llm: LLM, prompts, params, records: str | None) -> dict:
-    """The recipe's generate call and one single stream, on `llm` as it is set."""
+    """The recipe's generate call and one single stream, on `llm` as it is set, each from an empty
+    prefix cache (a rerun of the same prompts would hit what the run before cached)."""
+    llm.reset_prefix_cache()
     llm.recorder.reset()
     t = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
@@ -54,6 +57,7 @@ def timed_run(llm: LLM, prompts, params, records: str | None) -> dict:
     if records:
         llm.recorder.save(records)
     async_steps = llm.num_async_steps
+    llm.reset_prefix_cache()
     step_ms, tpot_ms = single_stream(llm)
     kinds = df.groupby("kind").agg(
         steps=("step", "size"),

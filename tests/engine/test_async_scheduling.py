@@ -135,3 +135,19 @@ def test_replay_command_serves_with_async_scheduling(tmp_path, capsys):
     assert (req["arrival_s"] <= req["first_scheduled_s"]).all()
     assert (req["first_scheduled_s"] < req["first_token_s"]).all()
     assert (req["first_token_s"] <= req["finish_s"]).all()
+
+
+def test_reset_prefix_cache_forgets_what_a_run_cached(checkpoints):
+    llm = LLM(checkpoints["qwen3"], block_size=16, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512,
+              num_kv_blocks=128, attention_backend="torch", device="cpu")  # fmt: skip
+    with llm:
+        prompt = make_prompts()[3]  # 70 tokens: 4 full blocks
+        first = llm.generate([prompt], GREEDY, use_tqdm=False)
+        assert llm.generate([prompt], GREEDY, use_tqdm=False) == first
+        assert llm.block_manager.num_prefix_hit_tokens == 64
+        llm.reset_prefix_cache()
+        assert llm.generate([prompt], GREEDY, use_tqdm=False) == first
+        assert llm.block_manager.num_prefix_hit_tokens == 0
+        llm.add_request(prompt, GREEDY)
+        with pytest.raises(RuntimeError, match="unfinished"):
+            llm.reset_prefix_cache()
