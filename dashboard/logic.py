@@ -758,13 +758,10 @@ def paired_requests(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
     return real[cols].merge(sim[cols], on="request_id", suffixes=("_real", "_sim"))
 
 
-def measured_column(records: pd.DataFrame) -> str:
-    """The measured step time: gpu_time_s when present (and not all missing), else wall_time_s."""
-    if "gpu_time_s" in records.columns and records["gpu_time_s"].notna().any():
-        return "gpu_time_s"
-    if "wall_time_s" in records.columns:
-        return "wall_time_s"
-    raise ValueError("step records: no gpu_time_s or wall_time_s column")
+def measured_column(records: pd.DataFrame, model: LatencyModel | None = None) -> str:
+    """The measured step time (`simulator.validate.measured_column`): the column `model`'s profile was
+    fitted on, else gpu_time_s when present (and not all missing), else wall_time_s."""
+    return validate.measured_column(records, model)
 
 
 def _usable_steps(records: pd.DataFrame) -> pd.DataFrame:
@@ -781,7 +778,7 @@ def step_residuals(records: pd.DataFrame, model: LatencyModel) -> pd.DataFrame:
     """`simulator.validate.step_residuals` on the usable records: predicted_s, measured_s and the
     relative residual (predicted - measured) / measured."""
     usable = _usable_steps(records)
-    usable = usable[pd.to_numeric(usable[measured_column(usable)], errors="coerce") > 0].reset_index(
+    usable = usable[pd.to_numeric(usable[measured_column(usable, model)], errors="coerce") > 0].reset_index(
         drop=True
     )
     if usable.empty:

@@ -102,10 +102,24 @@ def compare(real: dict, sim: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def measured_column(steps: pd.DataFrame, latency=None) -> str:
+    """The measured step time that `latency` predicts: the column its profile was fitted on, when it
+    has one and the records carry it (shipped profiles fit wall_time_s), else gpu_time_s when present,
+    else wall_time_s."""
+    fitted_on = getattr(getattr(latency, "profile", None), "target", None) or getattr(
+        getattr(latency, "summary", None), "target", None
+    )
+    for column in (fitted_on, "gpu_time_s", "wall_time_s"):
+        if column and column in steps.columns and steps[column].notna().any():
+            return column
+    raise ValueError("step records: no gpu_time_s or wall_time_s column")
+
+
 def step_residuals(steps: pd.DataFrame, latency) -> pd.DataFrame:
-    """Real step records with the latency model's prediction and relative residual per step."""
+    """Real step records with the latency model's prediction and relative residual per step, against
+    the measured time the model predicts (`measured_column`)."""
     df = steps.copy()
-    target = "gpu_time_s" if "gpu_time_s" in df and df["gpu_time_s"].notna().any() else "wall_time_s"
+    target = measured_column(df, latency)
     df["predicted_s"] = [latency.predict(StepShape.of(row)).total for row in df.itertuples(index=False)]
     df["measured_s"] = df[target]
     df["residual"] = (df["predicted_s"] - df["measured_s"]) / df["measured_s"]

@@ -87,3 +87,20 @@ def test_qwen3_8b_replays(load, allowed_misses, ttft_p99):
     assert (table.loc[others, "rel_error"].abs() < 0.03).all(), table
     assert ttft_p99[0] < table.loc["ttft_p99_s", "rel_error"] < ttft_p99[1], table
     assert v.steps is not None and v.steps["residual"].abs().median() < 0.05  # 2.9-3.8 % measured
+
+
+def test_step_residuals_compare_with_the_time_the_profile_was_fitted_on():
+    """The shipped profiles fit wall_time_s: residuals are against it, not against gpu_time_s (which
+    the replays' records also carry); a model with no profile falls back to gpu_time_s."""
+    from simulator.latency.gpus import get_gpu
+    from simulator.latency.roofline import RooflineModel
+    from simulator.models import resolve_model
+    from simulator.validate import measured_column
+
+    v, _ = errors("h200_qwen3-0.6b_bs256_light", "qwen3-0.6b_h200_tp1_bs256.json")
+    steps = v.steps
+    assert steps["gpu_time_s"].notna().all() and (steps["gpu_time_s"] != steps["wall_time_s"]).all()
+    assert (steps["measured_s"] == steps["wall_time_s"]).all()
+    roofline = RooflineModel(resolve_model("qwen3-0.6b"), get_gpu("H200"))
+    assert measured_column(steps, roofline) == "gpu_time_s"
+    assert measured_column(steps.drop(columns="gpu_time_s")) == "wall_time_s"
