@@ -50,6 +50,9 @@ def main() -> None:
     p.add_argument("--trace", default="azure_conv_2023")
     p.add_argument("--replays", default=DEFAULT_REPLAYS, help="name=START:END@SCALE,... ('' for none)")
     p.add_argument("--replay-block-sizes", default="16", help="block sizes that also run the replays")
+    p.add_argument(
+        "--async-scheduling", action="store_true", help="serve (profile and replays) with async scheduling"
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,6 +86,7 @@ def calibrate(args, ckpt: Path, gpu: str, block_size: int, replays, out: Path) -
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         num_kv_blocks=blocks,
+        async_scheduling=args.async_scheduling,
     )
     rows.append((f"bs{block_size}: engine ready (load + warm-up)", f"{time.perf_counter() - t0:.1f} s"))
     t1 = time.perf_counter()
