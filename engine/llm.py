@@ -384,7 +384,11 @@ class LLM:
     def _new_control_plane(self) -> None:
         cache = self.cache_config
         self.block_manager = BlockManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
-        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, clock=self._clock)
+        # the engine's per-request timings carry its latencies: no inter-token gap arrays (they would
+        # grow for the engine's lifetime, and deferred steps' gaps would use their postprocess time)
+        self.scheduler = Scheduler(
+            self.scheduler_config, self.block_manager, clock=self._clock, record_itl=False
+        )
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix, with a fresh scheduler and block manager (their counters start
