@@ -11,9 +11,13 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.layers import pdl
+
 try:  # Triton is optional: CPU-only installs store with torch
     import triton
     import triton.language as tl
+
+    from engine.layers.pdl import pdl_prologue
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
@@ -106,7 +110,9 @@ if triton is not None:
         slot_mapping_ptr,
         ROW: tl.constexpr,
         BLOCK: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):
+        pdl_prologue(USE_PDL)
         token = tl.program_id(0)
         slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
         if slot < 0:
@@ -142,4 +148,5 @@ def _store_triton(
         slot_mapping,
         ROW=row,
         BLOCK=triton.next_power_of_2(row),
+        **pdl.launch_kwargs(key.device, num_tokens),
     )

@@ -8,6 +8,8 @@ import triton
 import triton.language as tl
 
 from engine.decode_splits import MAX_SPLITS, choose_num_splits, split_unit  # noqa: F401 (re-exported)
+from engine.layers import pdl
+from engine.layers.pdl import pdl_prologue
 
 NUM_WARPS = 4
 NUM_STAGES = 2
@@ -117,6 +119,7 @@ def _launch_split_kv(q, k_cache, v_cache, block_tables, context_lens, scale, num
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 only matters for fp32 inputs
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
+        **pdl.launch_kwargs(q.device, batch),
     )  # fmt: skip
 
 
@@ -132,6 +135,7 @@ def _launch_merge(workspace: Workspace, num_splits: int, out: torch.Tensor) -> N
         BLOCK_D=triton.next_power_of_2(head_dim),
         SPLIT_CHUNK=MAX_SPLITS,
         num_warps=NUM_WARPS,
+        **pdl.launch_kwargs(out.device, batch),
     )  # fmt: skip
 
 
@@ -152,10 +156,12 @@ def _split_kv_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, SPLIT_UNIT: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: write the normalised output, no workspace
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """Program (sequence b, kv head, split): every query head of the kv head's group (rows padded to
     GROUP_PAD for tl.dot) over the split's contiguous run of SPLIT_UNIT-token units, online softmax
     in fp32 and base 2. Writes the split's normalised output and its LSE (-inf when empty)."""
+    pdl_prologue(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -215,9 +221,11 @@ def _merge_splits_kernel(
     num_splits,
     stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """Program (sequence b, head h): the LSE-weighted sum of the splits' outputs, SPLIT_CHUNK splits
     per load; zeros when every split is empty (no keys)."""
+    pdl_prologue(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     base = (b * NUM_HEADS + h) * num_splits

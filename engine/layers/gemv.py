@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from engine.layers import pdl
+
 try:
     import triton
     import triton.language as tl
+
+    from engine.layers.pdl import pdl_prologue
 except ImportError:  # CPU-only installs: F.linear serves
     triton = None
 
@@ -120,6 +124,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, summed, tiles
         HAS_RESIDUAL=has_res,
         HAS_BIAS=bias is not None,
         num_warps=warps,
+        **pdl.launch_kwargs(x.device, m),
     )
     return out
 
@@ -175,7 +180,9 @@ if triton is not None:
         PROLOGUE: tl.constexpr,
         HAS_RESIDUAL: tl.constexpr,
         HAS_BIAS: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):
+        pdl_prologue(USE_PDL)
         pid = tl.program_id(0)
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from engine.layers import pdl
+
 try:
     import triton
     import triton.language as tl
+
+    from engine.layers.pdl import pdl_prologue
 except ImportError:  # CPU-only installs: the torch functions serve
     triton = None
 
@@ -67,6 +71,7 @@ def _launch_rms_norm(x, residual, weight, eps, out, summed) -> None:
         BLOCK=block,
         HAS_RESIDUAL=has_res,
         num_warps=_num_warps(block),
+        **pdl.launch_kwargs(x.device, rows),
     )
 
 
@@ -109,6 +114,7 @@ def qk_norm_rotary(
         HALF=d // 2,
         HAS_NORM=has_norm,
         num_warps=1 if d <= 128 else 2,
+        **pdl.launch_kwargs(q.device, t),
     )
     return q_out, k_out
 
@@ -124,7 +130,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(inter))
     _silu_and_mul_kernel[(t, triton.cdiv(inter, block))](
-        x, x.stride(0), out, INTER=inter, BLOCK=block, num_warps=_num_warps(block)
+        x,
+        x.stride(0),
+        out,
+        INTER=inter,
+        BLOCK=block,
+        num_warps=_num_warps(block),
+        **pdl.launch_kwargs(x.device, t),
     )
     return out
 
@@ -157,7 +169,9 @@ if triton is not None:
         N: tl.constexpr,
         BLOCK: tl.constexpr,
         HAS_RESIDUAL: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):
+        pdl_prologue(USE_PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < N
@@ -218,7 +232,9 @@ if triton is not None:
         NUM_KV_HEADS: tl.constexpr,
         HALF: tl.constexpr,
         HAS_NORM: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):
+        pdl_prologue(USE_PDL)
         token = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         pos = tl.load(pos_ptr + token).to(tl.int64)
@@ -236,7 +252,10 @@ if triton is not None:
             _norm_rotate_head(src, dst, k_w_ptr, cos, sin, eps, HALF, HAS_NORM)
 
     @triton.jit(do_not_specialize=["x_stride"])
-    def _silu_and_mul_kernel(x_ptr, x_stride, out_ptr, INTER: tl.constexpr, BLOCK: tl.constexpr):
+    def _silu_and_mul_kernel(
+        x_ptr, x_stride, out_ptr, INTER: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
+    ):
+        pdl_prologue(USE_PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < INTER

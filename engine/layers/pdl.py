@@ -1,0 +1,71 @@
+"""Programmatic dependent launch (PDL) for the engine's Triton kernels: on Hopper and later a kernel is
+launched while the one before it finishes, and waits for it (griddepcontrol.wait) before it reads or
+writes anything; the launches overlap the tails of the short kernels of a one-token decode step.
+
+Every kernel that takes `USE_PDL` calls `pdl_prologue(USE_PDL)` first: it waits for the previous
+kernel (so one that never reads its output still completes after it, which keeps the chain ordered),
+then lets the next one launch. On by default where the GPU and Triton support it; $KVPLAN_PDL=0 turns
+it off; never under Triton's interpreter; only for launches over at most `MAX_ROWS` tokens or
+sequences (on an H200 it took a one-token decode step from 0.975 to 0.904 ms, but cost the 256-request
+throughput benchmark 1.5 %: docs/PERF.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+MAX_ROWS = 16
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAS_GDC = True
+except ImportError:  # no Triton, or one without grid dependency control
+    HAS_GDC = False
+
+
+def _triton_launches_pdl() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+@functools.cache
+def _device_supports(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9 and _triton_launches_pdl()
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether kernels launched on `device` use PDL (CUDA, sm_90+, a Triton that launches with it)."""
+    if not HAS_GDC or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if os.environ.get("KVPLAN_PDL", "1") == "0":
+        return False
+    return _device_supports(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch_kwargs(device: torch.device, rows: int) -> dict:
+    """The keyword arguments of a kernel launch over `rows` tokens or sequences: USE_PDL, and
+    launch_pdl where it is on."""
+    if rows <= MAX_ROWS and enabled(device):
+        return {"USE_PDL": True, "launch_pdl": True}
+    return {"USE_PDL": False}
+
+
+if triton is not None:
+
+    @triton.jit
+    def pdl_prologue(USE_PDL: tl.constexpr):
+        if USE_PDL:
+            gdc_wait()
+            gdc_launch_dependents()
