@@ -25,6 +25,7 @@ from engine.attention import select_backend
 from engine.block_manager import BlockManager
 from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig
 from engine.distributed import MultiprocExecutor, check_tp_shapes, rank_device
+from engine.layers import pdl
 from engine.layers.distributed import AllReduceTimer, time_all_reduces
 from engine.loader import read_hf_config
 from engine.model_runner import ModelRunner
@@ -169,12 +170,14 @@ class LLM:
         """Which kernels this engine runs where there is a choice (recorded with profiles and replays):
         the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends), the per-token
         layers' ("triton" / "compile" / "torch"), how prefill/mixed steps run ("piecewise" CUDA
-        graphs or "eager") and whether decode steps are scheduled asynchronously."""
+        graphs or "eager"), whether decode steps are scheduled asynchronously, and whether small
+        Triton launches use programmatic dependent launch (engine/layers/pdl.py)."""
         return {
             "decode_kernel": getattr(self.runner.backend, "decode_kernel", None),
             "layer_kernels": self.runner.layer_impl,
             "prefill_graphs": "piecewise" if self.runner.piecewise is not None else "eager",
             "async_scheduling": self.async_scheduling,
+            "pdl": pdl.enabled(self.device),
         }
 
     def decode_split_kv(self) -> dict[str, int] | None:
