@@ -15,6 +15,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 MAX_NEW_TOKENS = 12
+# A small engine on the CPU (torch attention): few KV blocks and a small token budget, so that the
+# prompts of `make_prompts` chunk, share cached prefixes and mix prefills with decodes.
+CPU_ENGINE = dict(
+    block_size=16,
+    max_num_seqs=4,
+    max_num_batched_tokens=64,
+    max_model_len=512,
+    num_kv_blocks=128,
+    attention_backend="torch",
+    device="cpu",
+)
 
 
 def make_prompts(vocab: int = 512, seed: int = 0) -> list[list[int]]:

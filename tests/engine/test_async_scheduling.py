@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from engine_helpers import MAX_NEW_TOKENS, make_prompts
+from engine_helpers import CPU_ENGINE, MAX_NEW_TOKENS, make_prompts
 
 from engine.llm import LLM
 from engine.sequence import SamplingParams
@@ -23,18 +23,7 @@ SHAPE_COLUMNS = [
 
 
 def serve(path, async_scheduling: bool, params=GREEDY, **kwargs):
-    opts = dict(
-        block_size=16,
-        max_num_seqs=4,
-        max_num_batched_tokens=64,
-        max_model_len=512,
-        num_kv_blocks=128,
-        attention_backend="torch",
-        device="cpu",
-        async_scheduling=async_scheduling,
-    )
-    opts.update(kwargs)
-    llm = LLM(path, **opts)
+    llm = LLM(path, **{**CPU_ENGINE, "async_scheduling": async_scheduling, **kwargs})
     outputs = llm.generate(make_prompts(), params, use_tqdm=False)
     return [o["token_ids"] for o in outputs], llm
 
@@ -83,9 +72,7 @@ def test_requests_that_stop_at_eos_are_never_deferred(checkpoints, hf_greedy):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)  # EOS honoured: values matter
     runs = []
     for async_scheduling in (True, False):
-        llm = LLM(checkpoints["qwen3"], block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
-                  max_model_len=512, num_kv_blocks=128, attention_backend="torch", device="cpu",
-                  async_scheduling=async_scheduling)  # fmt: skip
+        llm = LLM(checkpoints["qwen3"], **CPU_ENGINE, async_scheduling=async_scheduling)
         llm.spec = dataclasses.replace(llm.spec, eos_token_id=eos)
         runs.append(([o["token_ids"] for o in llm.generate(make_prompts(), params, use_tqdm=False)], llm))
     (tokens, llm), (sync_tokens, sync) = runs
@@ -96,8 +83,7 @@ def test_requests_that_stop_at_eos_are_never_deferred(checkpoints, hf_greedy):
 
 
 def test_deferred_steps_carry_the_time_their_tokens_arrived(checkpoints):
-    llm = LLM(checkpoints["qwen3"], block_size=16, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512,
-              num_kv_blocks=128, attention_backend="torch", device="cpu", async_scheduling=True)  # fmt: skip
+    llm = LLM(checkpoints["qwen3"], **CPU_ENGINE, async_scheduling=True)
     with llm:
         seqs = [llm.add_request(p, GREEDY) for p in make_prompts()]
         finished = []
@@ -138,8 +124,7 @@ def test_replay_command_serves_with_async_scheduling(tmp_path, capsys):
 
 
 def test_reset_prefix_cache_forgets_what_a_run_cached(checkpoints):
-    llm = LLM(checkpoints["qwen3"], block_size=16, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512,
-              num_kv_blocks=128, attention_backend="torch", device="cpu")  # fmt: skip
+    llm = LLM(checkpoints["qwen3"], **CPU_ENGINE)
     with llm:
         prompt = make_prompts()[3]  # 70 tokens: 4 full blocks
         first = llm.generate([prompt], GREEDY, use_tqdm=False)

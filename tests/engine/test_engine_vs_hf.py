@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_helpers import MAX_NEW_TOKENS, make_prompts
+from engine_helpers import CPU_ENGINE, MAX_NEW_TOKENS, make_prompts
 
 from engine.llm import LLM
 from engine.scheduler import make_batch
@@ -17,17 +17,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=T
 
 
 def run_engine(path, **kwargs) -> tuple[list[list[int]], LLM]:
-    opts = dict(
-        block_size=16,
-        max_num_seqs=4,
-        max_num_batched_tokens=64,
-        max_model_len=512,
-        num_kv_blocks=128,
-        attention_backend="torch",
-        device="cpu",
-    )
-    opts.update(kwargs)
-    llm = LLM(path, **opts)
+    llm = LLM(path, **{**CPU_ENGINE, **kwargs})
     outputs = llm.generate(make_prompts(), GREEDY, use_tqdm=False)
     return [o["token_ids"] for o in outputs], llm
 
