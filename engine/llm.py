@@ -54,6 +54,7 @@ class _InFlight:
     stamp: float
     positions: list[int]
     finished: list[Sequence]
+    graph_batch_size: int  # the runner's, as it launched the step (it has launched another since)
 
 
 class LLM:
@@ -272,8 +273,18 @@ class LLM:
         return finished
 
     def _record(
-        self, batch: ScheduledBatch, timer: Any, start: float, wall: float, allreduce_s: float = math.nan
+        self,
+        batch: ScheduledBatch,
+        timer: Any,
+        start: float,
+        wall: float,
+        allreduce_s: float = math.nan,
+        graph_batch_size: int | None = None,
     ) -> None:
+        """One step record; `graph_batch_size` (default: the runner's last) of a deferred step. (A
+        deferred step is a decode: its graph_num_tokens, the runner's last, is 0 whatever ran since.)"""
+        if graph_batch_size is None:
+            graph_batch_size = self.runner.last_graph_batch_size
         compiled = False
         if wall >= COMPILE_CHECK_S:  # compiling a kernel takes far longer: fast steps skip the count
             compiles = self.runner.compile_count()
@@ -282,7 +293,7 @@ class LLM:
             batch,
             timer,
             wall,
-            self.runner.last_graph_batch_size,
+            graph_batch_size,
             compiled,
             allreduce_s,
             start_s=start,
@@ -341,7 +352,8 @@ class LLM:
             finished = self.scheduler.postprocess(batch, [PLACEHOLDER_TOKEN] * batch.num_seqs)
         finally:
             self._stamp = None
-        self._inflight = _InFlight(batch, tokens, values, timer, t0, stamp, positions, finished)
+        graph_bs = self.runner.last_graph_batch_size
+        self._inflight = _InFlight(batch, tokens, values, timer, t0, stamp, positions, finished, graph_bs)
 
     def _land(self, prev: _InFlight) -> list[Sequence]:
         """Wait for `prev`'s tokens; put them and their time in place of the placeholders; record
@@ -361,7 +373,7 @@ class LLM:
         start = max(prev.t0, self._last_ready)  # launched while the step before it still ran
         self._last_ready = ready
         if self.recorder is not None:
-            self._record(prev.batch, prev.timer, start, ready - start)
+            self._record(prev.batch, prev.timer, start, ready - start, graph_batch_size=prev.graph_batch_size)
         return prev.finished
 
     def _run(self, batch, timer, allreduce: AllReduceTimer | None) -> list[int]:
