@@ -787,20 +787,9 @@ def step_residuals(records: pd.DataFrame, model: LatencyModel) -> pd.DataFrame:
 
 
 def residual_summary(res: pd.DataFrame) -> pd.DataFrame:
-    """Per step kind: steps, median and p90 |relative residual|, mean relative residual (bias)."""
-    cols = ["kind", "steps", "median |rel. error|", "p90 |rel. error|", "bias"]
-    if res is None or res.empty:
-        return pd.DataFrame(columns=cols)
-    g = res.assign(abs_rel=res["residual"].abs()).groupby("kind")
-    out = pd.DataFrame(
-        {
-            "steps": g.size(),
-            "median |rel. error|": g["abs_rel"].median(),
-            "p90 |rel. error|": g["abs_rel"].quantile(0.9),
-            "bias": g["residual"].mean(),
-        }
-    ).reset_index()
-    return out[cols]
+    """Per step kind: steps, median and p90 |relative residual|, mean relative residual (bias) and
+    summed error (`simulator.validate.step_error_by_kind`)."""
+    return validate.step_error_by_kind(res)
 
 
 def read_step_records(data: bytes, filename: str) -> pd.DataFrame:

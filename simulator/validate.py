@@ -126,6 +126,28 @@ def step_residuals(steps: pd.DataFrame, latency) -> pd.DataFrame:
     return df
 
 
+STEP_ERROR_COLUMNS = ("kind", "steps", "median |rel. error|", "p90 |rel. error|", "bias", "summed error")
+
+
+def step_error_by_kind(steps: pd.DataFrame | None) -> pd.DataFrame:
+    """Per step kind of `step_residuals` rows: steps, median and p90 |relative residual|, the mean
+    relative residual (bias), and the summed error sum(predicted) / sum(measured) - 1: the share of
+    its measured time that the kind gains or loses in a simulated run."""
+    if steps is None or steps.empty:
+        return pd.DataFrame(columns=list(STEP_ERROR_COLUMNS))
+    g = steps.assign(abs_rel=steps["residual"].abs()).groupby("kind")
+    out = pd.DataFrame(
+        {
+            "steps": g.size(),
+            "median |rel. error|": g["abs_rel"].median(),
+            "p90 |rel. error|": g["abs_rel"].quantile(0.9),
+            "bias": g["residual"].mean(),
+            "summed error": g["predicted_s"].sum() / g["measured_s"].sum() - 1.0,
+        }
+    ).reset_index()
+    return out[list(STEP_ERROR_COLUMNS)]
+
+
 def validate_run(run_dir: str | Path, profile: str | Path | None) -> Validation:
     meta, trace, real, steps = read_run(run_dir)
     config = sim_config_for(meta)
@@ -150,6 +172,11 @@ def format_table(v: Validation) -> str:
         lines.append(
             f"\nstep-time error: median {res.median():.1%}, p90 {res.quantile(0.9):.1%} over {len(res)} steps"
         )
+        for r in step_error_by_kind(v.steps).itertuples(index=False):
+            lines.append(
+                f"  {r.kind:<8}{r.steps:>7} steps  median {r[2]:.1%}, p90 {r[3]:.1%}, "
+                f"summed {r[5]:+.1%} of their measured time"
+            )
     return "\n".join(lines)
 
 
@@ -161,7 +188,13 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     v.sim.requests.to_parquet(out / "sim_requests.parquet", index=False)
-    payload = {"run_dir": str(v.run_dir), "passed": v.passed, "metrics": v.table.to_dict(orient="records")}
+    by_kind = step_error_by_kind(v.steps)
+    payload = {
+        "run_dir": str(v.run_dir),
+        "passed": v.passed,
+        "metrics": v.table.to_dict(orient="records"),
+        "step_error_by_kind": by_kind.to_dict(orient="records"),
+    }
     (out / "validation.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
     merged = v.real.merge(v.sim.requests, on="request_id", suffixes=("_real", "_sim"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (s)", "E2E (s)", "step time residual"))
@@ -173,6 +206,10 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
         fig.add_trace(go.Histogram(x=v.steps["residual"], name="residual", nbinsx=60), 1, 3)
     fig.update_layout(title=f"simulated vs real: {v.run_dir.name}", height=450)
     table_html = v.table.to_html(index=False, float_format=lambda x: f"{x:.4g}")
+    if not by_kind.empty:
+        table_html += "<h3>step-time error by kind</h3>" + by_kind.to_html(
+            index=False, float_format=lambda x: f"{x:.3g}"
+        )
     (out / "report.html").write_text(
         f"<html><body><h2>kvplan validate</h2>{table_html}{fig.to_html(full_html=False, include_plotlyjs=True)}</body></html>"
     )

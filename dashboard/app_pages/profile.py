@@ -145,10 +145,15 @@ elif residuals.empty:
 else:
     st.dataframe(
         logic.residual_summary(residuals).style.format(
-            {"median |rel. error|": "{:.1%}", "p90 |rel. error|": "{:.1%}", "bias": "{:+.1%}"}
+            {
+                "median |rel. error|": "{:.1%}",
+                "p90 |rel. error|": "{:.1%}",
+                "bias": "{:+.1%}",
+                "summed error": "{:+.1%}",
+            }
         ),
         hide_index=True,
         key="prof_residual_table",
     )
     st.plotly_chart(figures.residual_figure(residuals), key="prof_residuals")
-    st.caption(f"Measured column: {logic.measured_column(records)}; {Path(records_file.name).name}")
+    st.caption(f"Measured column: {logic.measured_column(records, model)}; {Path(records_file.name).name}")

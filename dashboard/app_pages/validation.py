@@ -116,7 +116,12 @@ if view.steps is None or view.steps.empty:
 else:
     st.dataframe(
         logic.residual_summary(view.steps).style.format(
-            {"median |rel. error|": "{:.1%}", "p90 |rel. error|": "{:.1%}", "bias": "{:+.1%}"}
+            {
+                "median |rel. error|": "{:.1%}",
+                "p90 |rel. error|": "{:.1%}",
+                "bias": "{:+.1%}",
+                "summed error": "{:+.1%}",
+            }
         ),
         hide_index=True,
         key="val_residual_table",

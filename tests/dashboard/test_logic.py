@@ -272,6 +272,11 @@ def test_find_and_load_validation_runs(validation_root):
     summary = logic.residual_summary(pair.steps)
     assert set(summary["kind"]) == {"decode", "prefill", "mixed"}
     assert (summary["median |rel. error|"] < 0.2).all()
+    for kind, row in summary.set_index("kind").iterrows():  # the summed error is time-weighted
+        steps = pair.steps[pair.steps["kind"] == kind]
+        assert row["summed error"] == pytest.approx(
+            steps["predicted_s"].sum() / steps["measured_s"].sum() - 1
+        )
     paired = logic.paired_requests(pair.real, pair.sim)
     assert len(paired) == len(pair.real) and "ttft_s_real" in paired
     replay = logic.load_validation(*runs[1], profile=validation_root / "pair-run" / "profile.json")
