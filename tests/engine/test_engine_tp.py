@@ -50,6 +50,7 @@ def generate(path, **kwargs) -> tuple[list[list[int]], dict]:
             "preemptions": llm.scheduler.num_preemptions,
             "hits": llm.block_manager.num_prefix_hit_tokens,
             "steps": llm.recorder.to_dataframe(),
+            "async": llm.async_scheduling,
         }
     return [o["token_ids"] for o in outputs], stats
 
@@ -67,8 +68,11 @@ def test_tp_matches_tp1(tp_checkpoints, model, tp, policy):
     path = tp_checkpoints[model]
     reference, _ = generate(path, policy=policy)
     profile = tp == 2
-    tokens, stats = generate(path, policy=policy, tensor_parallel_size=tp, profile_allreduce=profile)
+    tokens, stats = generate(
+        path, policy=policy, tensor_parallel_size=tp, profile_allreduce=profile, async_scheduling=True
+    )
     assert tokens == reference
+    assert stats["async"] is False  # asked for, but every rank replays each batch: off under TP
     assert stats["preemptions"] > 0 and stats["hits"] > 0
     df = stats["steps"]
     assert (df["tp"] == tp).all()
