@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from engine_helpers import MAX_NEW_TOKENS, make_prompts
+from engine_helpers import CPU_ENGINE, MAX_NEW_TOKENS, make_prompts
 
 from engine.distributed import TEST_EXIT_CODE, TEST_EXIT_ENV, StepMessage, check_tp_shapes, resolve_port
 from engine.llm import LLM
@@ -19,16 +19,13 @@ from engine.sequence import SamplingParams
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 # 78 blocks of 4 tokens: every request fits alone but not all at once (preemption); the prompts
 # share 40- and 272-token prefixes (prefix-cache hits)
-OPTS = dict(
-    block_size=4,
-    max_num_seqs=4,
-    max_num_batched_tokens=128,
-    max_model_len=512,
-    num_kv_blocks=78,
-    attention_backend="torch",
-    device="cpu",
-    dist_timeout_s=60.0,
-)
+OPTS = {
+    **CPU_ENGINE,
+    "block_size": 4,
+    "max_num_batched_tokens": 128,
+    "num_kv_blocks": 78,
+    "dist_timeout_s": 60.0,
+}
 
 
 @pytest.fixture(scope="module")
