@@ -235,7 +235,7 @@ class LLM:
         t0 = time.perf_counter()
         if prev is None:
             return self._step(t0)
-        if not self._may_schedule_ahead(prev):
+        if not self.scheduler.schedule_reads_no_token_values():
             return self._land(prev) + self._step(t0)
         batch = self.scheduler.schedule()
         if self._chains(prev, batch):
@@ -312,26 +312,6 @@ class LLM:
             and batch.kind == "decode"
             and all(seq.stop_token_id == -1 for seq in batch.seqs)
         )
-
-    def _may_schedule_ahead(self, prev: _InFlight) -> bool:
-        """Whether the next step can be scheduled before `prev`'s tokens are known: scheduling then
-        reads no token value. It would where a decode fills a block that prefix caching hashes when
-        the step is scheduled (its first block, or any block of a sequence that registers eagerly;
-        the later blocks of a lazy chain are hashed only when a lookup reaches the chain, and with
-        nothing waiting no lookup runs), or where it preempts (a preempted request could be
-        admitted again in the same step)."""
-        sched, bm = self.scheduler, self.block_manager
-        if sched.waiting or not sched.running:
-            return False
-        bs, caching = bm.block_size, bm.enable_prefix_caching
-        opens = 0
-        for seq in sched.running:
-            c = seq.num_computed_tokens  # the position of its pending token, a placeholder
-            if caching and (c + 1) % bs == 0 and (c < bs or not bm.registers_lazily(seq)):
-                return False
-            if c % bs == 0:
-                opens += 1
-        return opens <= bm.num_free_blocks
 
     def _chains(self, prev: _InFlight, batch: ScheduledBatch) -> bool:
         """Whether `batch` is a deferrable decode of the first sequences of `prev`, in order: its

@@ -471,6 +471,27 @@ class Scheduler:
             bm.cache_full_blocks(seq, num_tokens)  # the step fills a block it already has
         return True
 
+    def schedule_reads_no_token_values(self) -> bool:
+        """Whether the next `schedule()` reads no value of the running requests' last tokens, so that
+        it may run before they are known (the engine's async scheduling). It would where a request
+        waits (admission looks prefixes up), where a decode opens a block the free list cannot give
+        (preemption: the victim could be admitted again in the same step), and where a decode fills
+        a block that `_grant_blocks` registers by its hash (a first block, or one of a sequence that
+        registers eagerly; the later blocks of a lazy chain are hashed only when a lookup reaches
+        the chain)."""
+        if self.waiting or not self.running:
+            return False
+        bm = self.block_manager
+        bs, caching = bm.block_size, bm.enable_prefix_caching
+        opens = 0
+        for seq in self.running:
+            c = seq.num_computed_tokens  # the position of its pending token
+            if caching and (c + 1) % bs == 0 and (c < bs or not bm.registers_lazily(seq)):
+                return False
+            if c % bs == 0:
+                opens += 1
+        return opens <= bm.num_free_blocks
+
     def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
         bm, running = self.block_manager, self.running
         while not bm.allocate_slots(seq, num_tokens):

@@ -557,3 +557,43 @@ def test_requests_finishing_together_leave_running_in_order(num_done):
     assert [s.seq_id for s in finished] == [s.seq_id for s in seqs if s.sampling_params is short]
     assert sched.running == [s for s in seqs if s.sampling_params is LONG]
     assert all(s.status is SequenceStatus.FINISHED and s.num_output_tokens == 3 for s in finished)
+
+
+def _decode_to(sched, seq, num_computed: int) -> None:
+    """Run steps (token 7 each) until `seq` has `num_computed` computed tokens."""
+    while seq.num_computed_tokens < num_computed:
+        batch = sched.schedule()
+        sched.postprocess(batch, [7] * batch.num_seqs)
+
+
+def test_schedule_reads_no_token_values_only_where_no_hash_lookup_or_preemption_needs_them():
+    from cp_helpers import make_scheduler
+
+    sched, bm, _ = make_scheduler(block_size=4, num_blocks=6)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    assert not sched.schedule_reads_no_token_values()  # nothing runs
+    a = sched.add_request([1, 2, 3, 4, 5], params)
+    assert not sched.schedule_reads_no_token_values()  # a waits: admission looks prefixes up
+    _decode_to(sched, a, 5)  # the prefill: block 0 full (a lazy chain starts), 1 token in block 1
+    steps = []
+    for c in range(5, 10):
+        _decode_to(sched, a, c)
+        steps.append((c, sched.schedule_reads_no_token_values()))
+    # c = 7 fills block 1, a later block of a's lazy chain: hashed only on a lookup; c = 8 opens a block
+    assert steps == [(5, True), (6, True), (7, True), (8, True), (9, True)]
+    assert bm.registers_lazily(a)
+
+    b = sched.add_request([1, 2, 3, 4, 9], params)  # its first block is a's: a hit, then eager
+    _decode_to(sched, b, 5)
+    _decode_to(sched, b, 7)  # b's next step fills its block 1, registered by its hash now
+    assert not bm.registers_lazily(b) and not sched.schedule_reads_no_token_values()
+
+    sched2, _, _ = make_scheduler(block_size=4, num_blocks=6)
+    c = sched2.add_request([1, 2], params)
+    _decode_to(sched2, c, 3)  # its next step fills its first block, registered at once
+    assert not sched2.schedule_reads_no_token_values()
+
+    sched3, bm3, _ = make_scheduler(block_size=4, num_blocks=2)
+    d = sched3.add_request([1, 2, 3, 4, 5, 6, 7], params)
+    _decode_to(sched3, d, 8)  # both blocks full: the next step opens a third that is not there
+    assert bm3.num_free_blocks == 0 and not sched3.schedule_reads_no_token_values()
