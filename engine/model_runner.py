@@ -135,7 +135,9 @@ class ModelRunner:
         # while step n's host-to-device copy may still be queued
         self._stagings = (self._staging_buffer(), self._staging_buffer())
         self._num_built = 0
-        self._token_buffers = self._token_host_buffers()  # async scheduling's token copies, in turn
+        # the stream every step runs on (looked up once), and async scheduling's token copies, in turn
+        self._stream = torch.cuda.current_stream(device) if self.cuda else None
+        self._token_buffers = self._token_host_buffers()
         self._num_staged = 0
         self.kv_cache = self._allocate_kv_cache(num_kv_blocks, gpu_memory_utilization, enforce_eager)
         self.kv_cache.bind(self.model.attention_layers(), backend)
@@ -178,7 +180,6 @@ class ModelRunner:
     def _token_host_buffers(self) -> tuple[tuple[torch.Tensor, Any], ...]:
         if not self.cuda:
             return ()
-        self._stream = torch.cuda.current_stream(self.device)  # every step runs on it (looked up once)
         return tuple(
             (torch.empty(self.max_num_seqs, dtype=torch.int64, pin_memory=True), torch.cuda.Event())
             for _ in range(2)
