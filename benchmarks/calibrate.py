@@ -1,8 +1,10 @@
 """Calibrate and prove on one GPU in one process: profile, then replay a light and a heavy window.
 
 Makes a random-weight checkpoint of a real shape, serves it with one LLM (one warm-up), runs the
-designed step-shape sweep (`engine.profiling`), fits and saves the profile, then replays two windows
-of a shipped trace in real time and writes replay folders for `kvplan validate`. Prints a table.
+designed step-shape sweep (`engine.profiling`), optionally serves `--fit-replays` windows whose step
+records join the sweep's in the fit (pick windows that no validation replay uses), fits and saves the
+profile, then replays the `--replays` windows of a shipped trace in real time and writes replay
+folders for `kvplan validate`. Prints a table.
 Usage (GPU): PYTHONPATH=. python3 benchmarks/calibrate.py --out DIR [--preset qwen3-0.6b] [--block-sizes 16,256]
 """
 
@@ -14,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from engine.checkpoint import make_random_checkpoint
@@ -51,6 +54,11 @@ def main() -> None:
     p.add_argument("--replays", default=DEFAULT_REPLAYS, help="name=START:END@SCALE,... ('' for none)")
     p.add_argument("--replay-block-sizes", default="16", help="block sizes that also run the replays")
     p.add_argument(
+        "--fit-replays",
+        default="",
+        help="name=START:END@SCALE,...: windows served before the fit whose step records join the sweep's",
+    )
+    p.add_argument(
         "--async-scheduling", action="store_true", help="serve (profile and replays) with async scheduling"
     )
     args = p.parse_args()
@@ -69,13 +77,16 @@ def main() -> None:
         rows.append(("checkpoint", f"{time.perf_counter() - t0:.1f} s"))
         for block_size in (int(b) for b in args.block_sizes.split(",")):
             replays = parse_replays(args.replays) if block_size in replay_sizes else []
-            rows += calibrate(args, ckpt, gpu, block_size, replays, out)
+            rows += calibrate(args, ckpt, gpu, block_size, parse_replays(args.fit_replays), replays, out)
     (out / "calibrate.json").write_text(json.dumps(dict(rows), indent=2) + "\n")
     print("\n".join(f"{k:<44} {v}" for k, v in rows))
 
 
-def calibrate(args, ckpt: Path, gpu: str, block_size: int, replays, out: Path) -> list[tuple[str, str]]:
-    """Serve `ckpt` at `block_size`: profile, fit, save, then the replays. Returns table rows."""
+def calibrate(
+    args, ckpt: Path, gpu: str, block_size: int, fit_replays, replays, out: Path
+) -> list[tuple[str, str]]:
+    """Serve `ckpt` at `block_size`: profile, the fit replays, fit, save, then the replays. Returns
+    table rows."""
     rows = []
     blocks = args.num_kv_tokens // block_size
     t0 = time.perf_counter()
@@ -93,8 +104,13 @@ def calibrate(args, ckpt: Path, gpu: str, block_size: int, replays, out: Path) -
     records = run_profile(llm, time_budget_s=args.profile_budget, progress=False)
     tag = f"{args.preset}_{gpu.lower()}_tp1_bs{block_size}"
     records.to_parquet(out / f"steps_{tag}.parquet", index=False)
+    rows.append((f"bs{block_size}: profile", f"{len(records)} steps in {time.perf_counter() - t1:.0f} s"))
+    fit_records = [records]
+    for name, window, scale in fit_replays:
+        rows.append(serve_replay(args, llm, gpu, block_size, f"fit-{name}", window, scale, out))
+        fit_records.append(llm.recorder.to_dataframe())
     profile = fit_profile(
-        records,
+        pd.concat(fit_records, ignore_index=True),
         model=llm.spec,
         gpu=gpu,
         max_num_seqs=args.max_num_seqs,
@@ -112,29 +128,32 @@ def calibrate(args, ckpt: Path, gpu: str, block_size: int, replays, out: Path) -
             "policy": "chunked",
             **llm.kernel_choices(),
             "source": "benchmarks/calibrate.py",
+            **({"fit_replays": args.fit_replays, "trace": args.trace} if fit_replays else {}),
         },
     )
     profile.save(out / f"{tag}.json")
-    rows.append((f"bs{block_size}: profile", f"{len(records)} steps in {time.perf_counter() - t1:.0f} s"))
     print(profile_report(profile), flush=True)
     for name, window, scale in replays:
-        llm.recorder.reset()
-        llm.block_manager.reset_prefix_cache()  # the simulated twin starts with an empty cache
-        trace = load_trace_arg(args.trace, scale, None, window)
-        t2 = time.perf_counter()
-        requests = replay_trace(llm, trace, progress=False, max_wall_s=200)
-        extra = {"source": args.trace, "window": window, "rate_scale": scale, "gpu": gpu}
-        write_replay(llm, trace, requests, out / f"replay_{name}_bs{block_size}", extra)
-        done = requests["finish_reason"].isin(["length", "max_model_len"]).sum()
-        rows.append(
-            (
-                f"bs{block_size}: replay {name} ({window} x{scale})",
-                f"{done}/{len(trace)} done in {time.perf_counter() - t2:.0f} s, "
-                f"{int(requests['num_preemptions'].sum())} preemptions",
-            )
-        )
+        rows.append(serve_replay(args, llm, gpu, block_size, name, window, scale, out))
     llm.close()
     return rows
+
+
+def serve_replay(args, llm: LLM, gpu: str, block_size: int, name: str, window: str, scale: float, out: Path):
+    """Replay one window of the trace in real time from a cold prefix cache; write its folder. A row."""
+    llm.recorder.reset()
+    llm.block_manager.reset_prefix_cache()  # the simulated twin starts with an empty cache
+    trace = load_trace_arg(args.trace, scale, None, window)
+    t0 = time.perf_counter()
+    requests = replay_trace(llm, trace, progress=False, max_wall_s=200)
+    extra = {"source": args.trace, "window": window, "rate_scale": scale, "gpu": gpu}
+    write_replay(llm, trace, requests, out / f"replay_{name}_bs{block_size}", extra)
+    done = requests["finish_reason"].isin(["length", "max_model_len"]).sum()
+    return (
+        f"bs{block_size}: replay {name} ({window} x{scale})",
+        f"{done}/{len(trace)} done in {time.perf_counter() - t0:.0f} s, "
+        f"{int(requests['num_preemptions'].sum())} preemptions",
+    )
 
 
 if __name__ == "__main__":

@@ -86,8 +86,7 @@ class Segments:
             b.hidden[:t].copy_(hidden)
             return
         layer = self.layers[i]
-        q, k, v, residual = layer.pre_attention(b.positions[:t], hidden, residual)
-        layer.self_attn.attn.store(k, v, b.slot_mapping[:t])
+        q, k, v, residual = layer.pre_attention(b.positions[:t], hidden, residual, b.slot_mapping[:t])
         b.q[:t].copy_(q)
         if self.copy_kv:
             b.k[:t].copy_(k)

@@ -75,6 +75,9 @@ def _launch_rms_norm(x, residual, weight, eps, out, summed) -> None:
     )
 
 
+KVStore = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # v, k_cache, v_cache, slots
+
+
 def qk_norm_rotary(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -83,9 +86,12 @@ def qk_norm_rotary(
     q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None,
     eps: float,
+    kv_store: KVStore | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm of q [T, H, D] and k [T, Hkv, D] (when weights are given: Qwen3), then rotary
-    (neox halves) by `positions`; cos_sin [max_pos, D] float32 (cos | sin). New contiguous q, k."""
+    (neox halves) by `positions`; cos_sin [max_pos, D] float32 (cos | sin). New contiguous q, k.
+    With `kv_store` the same launch also writes the rotated keys and the values into their cache
+    slots (what `store_kv_cache` does; slot -1 skips the token)."""
     t, h, d = q.shape
     hkv = k.shape[1]
     if q.stride(-1) != 1 or k.stride(-1) != 1 or d % 2 or triton.next_power_of_2(d) != d:
@@ -95,7 +101,11 @@ def qk_norm_rotary(
     if t == 0:
         return q_out, k_out
     has_norm = q_weight is not None
-    _qk_norm_rotary_kernel[(t, h + hkv)](
+    store = kv_store is not None
+    v, k_cache, v_cache, slots = kv_store if store else (k, k_out, k_out, positions)
+    if store:
+        _check_kv_store(v, k_cache, v_cache, hkv, d)
+    _qk_norm_rotary_kernel[(t, h + hkv * (2 if store else 1))](
         positions,
         q,
         q.stride(0),
@@ -109,14 +119,31 @@ def qk_norm_rotary(
         q_weight if has_norm else cos_sin,
         k_weight if has_norm else cos_sin,
         eps,
+        v,
+        v.stride(0),
+        v.stride(1),
+        k_cache,
+        v_cache,
+        slots,
         NUM_HEADS=h,
         NUM_KV_HEADS=hkv,
         HALF=d // 2,
         HAS_NORM=has_norm,
+        STORE_KV=store,
         num_warps=1 if d <= 128 else 2,
         **pdl.launch_kwargs(q.device, t),
     )
     return q_out, k_out
+
+
+def _check_kv_store(v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, hkv: int, d: int) -> None:
+    """The caches must be [blocks, block_size, Hkv, D] and contiguous (a slot is one Hkv * D row)."""
+    shape_ok = k_cache.dim() == 4 and k_cache.shape[2:] == (hkv, d) and v_cache.shape == k_cache.shape
+    if not (shape_ok and k_cache.is_contiguous() and v_cache.is_contiguous()) or v.stride(-1) != 1:
+        raise ValueError(
+            f"qk_norm_rotary: KV caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} must be contiguous "
+            f"[blocks, block_size, {hkv}, {d}] and values' heads contiguous"
+        )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -189,7 +216,6 @@ if triton is not None:
     @triton.jit
     def _norm_rotate_head(
         src,
-        dst,
         w_ptr,
         cos,
         sin,
@@ -197,6 +223,7 @@ if triton is not None:
         HALF: tl.constexpr,
         HAS_NORM: tl.constexpr,
     ):
+        """The two rotated halves of the head at `src`, in its dtype."""
         offs = tl.arange(0, HALF)
         x1 = tl.load(src + offs)
         x2 = tl.load(src + HALF + offs)
@@ -210,10 +237,20 @@ if triton is not None:
             x1 = ((f1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype)
             x2 = ((f2 * rstd).to(dtype).to(tl.float32) * w2).to(dtype)
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        tl.store(dst + offs, (f1 * cos - f2 * sin).to(dtype))
-        tl.store(dst + HALF + offs, (f2 * cos + f1 * sin).to(dtype))
+        return (f1 * cos - f2 * sin).to(dtype), (f2 * cos + f1 * sin).to(dtype)
 
-    @triton.jit(do_not_specialize=["pos_ptr", "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "eps"])
+    @triton.jit
+    def _store_halves(dst, y1, y2, HALF: tl.constexpr):
+        offs = tl.arange(0, HALF)
+        tl.store(dst + offs, y1.to(dst.dtype.element_ty))
+        tl.store(dst + HALF + offs, y2.to(dst.dtype.element_ty))
+
+    @triton.jit(
+        do_not_specialize=[
+            "pos_ptr", "q_stride_t", "q_stride_h", "k_stride_t", "k_stride_h", "eps",
+            "v_stride_t", "v_stride_h", "slot_ptr",
+        ]
+    )  # fmt: skip
     def _qk_norm_rotary_kernel(
         pos_ptr,
         q_ptr,
@@ -228,28 +265,51 @@ if triton is not None:
         q_w_ptr,
         k_w_ptr,
         eps,
+        v_ptr,
+        v_stride_t,
+        v_stride_h,
+        k_cache_ptr,
+        v_cache_ptr,
+        slot_ptr,
         NUM_HEADS: tl.constexpr,
         NUM_KV_HEADS: tl.constexpr,
         HALF: tl.constexpr,
         HAS_NORM: tl.constexpr,
+        STORE_KV: tl.constexpr,
         USE_PDL: tl.constexpr,
     ):
+        """Program (token, head): heads [0, H) are queries, [H, H + Hkv) keys, and with STORE_KV
+        [H + Hkv, H + 2 Hkv) values, copied into the value cache."""
         pdl_prologue(USE_PDL)
         token = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
-        pos = tl.load(pos_ptr + token).to(tl.int64)
-        offs = tl.arange(0, HALF)
-        cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + offs)
-        sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + offs)
-        if head < NUM_HEADS:
-            src = q_ptr + token * q_stride_t + head * q_stride_h
-            dst = q_out_ptr + (token * NUM_HEADS + head) * (2 * HALF)
-            _norm_rotate_head(src, dst, q_w_ptr, cos, sin, eps, HALF, HAS_NORM)
+        row = 2 * HALF
+        if head >= NUM_HEADS + NUM_KV_HEADS:  # a value head: cache copy only
+            slot = tl.load(slot_ptr + token).to(tl.int64)
+            if slot >= 0:
+                vh = head - NUM_HEADS - NUM_KV_HEADS
+                offs = tl.arange(0, 2 * HALF)
+                val = tl.load(v_ptr + token * v_stride_t + vh * v_stride_h + offs)
+                dst = v_cache_ptr + (slot * NUM_KV_HEADS + vh) * row + offs
+                tl.store(dst, val.to(v_cache_ptr.dtype.element_ty))
         else:
-            kh = head - NUM_HEADS
-            src = k_ptr + token * k_stride_t + kh * k_stride_h
-            dst = k_out_ptr + (token * NUM_KV_HEADS + kh) * (2 * HALF)
-            _norm_rotate_head(src, dst, k_w_ptr, cos, sin, eps, HALF, HAS_NORM)
+            pos = tl.load(pos_ptr + token).to(tl.int64)
+            offs = tl.arange(0, HALF)
+            cos = tl.load(cos_sin_ptr + pos * row + offs)
+            sin = tl.load(cos_sin_ptr + pos * row + HALF + offs)
+            if head < NUM_HEADS:
+                src = q_ptr + token * q_stride_t + head * q_stride_h
+                y1, y2 = _norm_rotate_head(src, q_w_ptr, cos, sin, eps, HALF, HAS_NORM)
+                _store_halves(q_out_ptr + (token * NUM_HEADS + head) * row, y1, y2, HALF)
+            else:
+                kh = head - NUM_HEADS
+                src = k_ptr + token * k_stride_t + kh * k_stride_h
+                y1, y2 = _norm_rotate_head(src, k_w_ptr, cos, sin, eps, HALF, HAS_NORM)
+                _store_halves(k_out_ptr + (token * NUM_KV_HEADS + kh) * row, y1, y2, HALF)
+                if STORE_KV:
+                    slot = tl.load(slot_ptr + token).to(tl.int64)
+                    if slot >= 0:
+                        _store_halves(k_cache_ptr + (slot * NUM_KV_HEADS + kh) * row, y1, y2, HALF)
 
     @triton.jit(do_not_specialize=["x_stride"])
     def _silu_and_mul_kernel(

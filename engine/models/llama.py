@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.attention.metadata import get_forward_context
 from engine.config import ModelSpec
 from engine.layers import gemv, triton_ops
 from engine.layers.activation import SiluAndMul
@@ -44,32 +45,44 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(d, spec.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.project(positions, hidden_states)
-        return self.o_proj(self.attn(q, k, v))
+        md = get_forward_context()
+        q, k, v = self.project(positions, hidden_states, md.slot_mapping)
+        return self.o_proj(self.attn.attend(q, k, v, md))
 
     def project(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, slot_mapping: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [T, H, D], k and v [T, Hkv, D] of the tokens: projection, q/k norm (Qwen3), rotary."""
-        return self.split_heads(positions, self.qkv_proj(hidden_states))
+        """q [T, H, D], k and v [T, Hkv, D] of the tokens (projection, q/k norm for Qwen3, rotary),
+        k and v also stored into their cache slots."""
+        return self.split_heads(positions, self.qkv_proj(hidden_states), slot_mapping)
 
     def split_heads(
-        self, positions: torch.Tensor, qkv: torch.Tensor
+        self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of the projected rows qkv [T, (H + 2 Hkv) D]: q/k norm (Qwen3), rotary."""
+        """q, k, v of the projected rows qkv [T, (H + 2 Hkv) D] (q/k norm for Qwen3, rotary), k and v
+        stored into the cache slots `slot_mapping` (-1: not stored): on the Triton layers in the same
+        launch as the norm and rotary."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm and self.rotary_emb.impl == "triton":  # q/k norm and rotary in one launch
-            qn, kn = self.q_norm, self.k_norm
+        if self.rotary_emb.impl == "triton" and self.attn.k_cache is not None:  # one launch
+            qn, kn = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
             q, k = triton_ops.qk_norm_rotary(
-                positions, q, k, self.rotary_emb.cos_sin_cache, qn.weight, kn.weight, qn.eps
+                positions,
+                q,
+                k,
+                self.rotary_emb.cos_sin_cache,
+                qn.weight if qn is not None else None,
+                kn.weight if kn is not None else None,
+                qn.eps if qn is not None else 0.0,
+                kv_store=(v, self.attn.k_cache, self.attn.v_cache, slot_mapping),
             )
-        else:
-            if self.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = self.rotary_emb(positions, q, k)
+            return q, k, v
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        self.attn.store(k, v, slot_mapping)
         return q, k, v
 
 
@@ -99,25 +112,30 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k, v, residual = self.pre_attention(positions, hidden_states, residual)
-        return self.post_attention(self.self_attn.attn(q, k, v), residual)
+        md = get_forward_context()
+        q, k, v, residual = self.pre_attention(positions, hidden_states, residual, md.slot_mapping)
+        return self.post_attention(self.self_attn.attn.attend(q, k, v, md), residual)
 
     # the layer cut at its attention kernel (piecewise CUDA graphs capture the two halves)
     def pre_attention(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        slot_mapping: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Input norm (adding the residual) and q/k/v: (q, k, v, residual)."""
+        """Input norm (adding the residual), q/k/v, and k/v stored at `slot_mapping`: (q, k, v, residual)."""
         if self.fused_small_batch(hidden_states):  # norm fused into the QKV projection
             norm, proj = self.input_layernorm, self.self_attn.qkv_proj
             qkv, residual = gemv.norm_linear(
                 hidden_states, residual, norm.weight, norm.eps, proj.weight, proj.bias
             )
-            return *self.self_attn.split_heads(positions, qkv), residual
+            return *self.self_attn.split_heads(positions, qkv, slot_mapping), residual
         if residual is None:
             hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        q, k, v = self.self_attn.project(positions, hidden_states)
+        q, k, v = self.self_attn.project(positions, hidden_states, slot_mapping)
         return q, k, v, residual
 
     def post_attention(

@@ -13,6 +13,7 @@ import pytest
 import torch
 from engine_helpers import run_interpreted
 
+from engine.kv_cache import store_kv_cache_torch
 from engine.layers.activation import silu_and_mul
 from engine.layers.layernorm import add_rms_norm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
@@ -33,6 +34,10 @@ for name, c in torch.load(sys.argv[1]).items():
         out[name] = T.add_rms_norm(c["x"], c["r"], c["w"], 1e-6)
     elif c["op"] == "qk_norm_rotary":
         out[name] = T.qk_norm_rotary(c["pos"], c["q"], c["k"], c["cos_sin"], c["qw"], c["kw"], 1e-6)
+    elif c["op"] == "qk_norm_rotary_store":
+        kv = (c["v"], c["k_cache"], c["v_cache"], c["slots"])
+        q, k = T.qk_norm_rotary(c["pos"], c["q"], c["k"], c["cos_sin"], c["qw"], c["kw"], 1e-6, kv_store=kv)
+        out[name] = (q, k, c["k_cache"], c["v_cache"])
     else:
         out[name] = (T.silu_and_mul(c["x"]),)
 torch.save(out, sys.argv[2])
@@ -71,10 +76,30 @@ def _cases() -> tuple[dict, dict]:
         refs[f"qk_norm_rope_{tag}"] = apply_rotary(pos, rms_norm(q, qw, 1e-6), rms_norm(k, kw, 1e-6), cs)
         cases[f"rope_{tag}"] = dict(op="qk_norm_rotary", pos=pos, q=q, k=k, cos_sin=cs, qw=None, kw=None)
         refs[f"rope_{tag}"] = apply_rotary(pos, q, k, cs)
+        for norm in (True, False):
+            name = f"{'qk_norm_rope' if norm else 'rope'}_store_{tag}"
+            cases[name], refs[name] = _store_case(
+                pos, q, k, cs, qw if norm else None, kw if norm else None, g
+            )
         gate_up = torch.randn(3, 2 * 1300, generator=g).to(dtype)  # two column blocks, a ragged one
         cases[f"silu_{tag}"] = dict(op="silu_and_mul", x=gate_up)
         refs[f"silu_{tag}"] = (silu_and_mul(gate_up),)
     return cases, refs
+
+
+def _store_case(pos, q, k, cs, qw, kw, g):
+    """q/k norm + rotary that also stores k and v: 7 tokens into a 4-block x 4-slot cache, one token
+    skipped (slot -1); the rest of the cache keeps its (random) contents."""
+    t, hkv, d = k.shape
+    v = torch.randn(t, 2 * hkv, d, generator=g).to(k.dtype)[:, ::2]  # strided heads, as qkv.split gives
+    k_cache, v_cache = (torch.randn(4, 4, hkv, d, generator=g).to(k.dtype) for _ in range(2))
+    slots = torch.tensor([3, 0, 15, -1, 8, 9, 4], dtype=torch.int32)
+    case = dict(op="qk_norm_rotary_store", pos=pos, q=q, k=k, cos_sin=cs, qw=qw, kw=kw, v=v)
+    case.update(k_cache=k_cache.clone(), v_cache=v_cache.clone(), slots=slots)
+    normed = (rms_norm(q, qw, 1e-6), rms_norm(k, kw, 1e-6)) if qw is not None else (q, k)
+    q_ref, k_ref = apply_rotary(pos, *normed, cs)
+    store_kv_cache_torch(k_ref, v, k_cache, v_cache, slots)
+    return case, (q_ref, k_ref, k_cache, v_cache)
 
 
 def test_triton_layer_kernels_match_torch(tmp_path):
