@@ -56,7 +56,8 @@ def main() -> None:
     p.add_argument(
         "--fit-replays",
         default="",
-        help="name=START:END@SCALE,...: windows served before the fit whose step records join the sweep's",
+        help="name=START:END@SCALE,...: windows served before the fit whose step records join the sweep's "
+        "(in session 8 this fitted worse than the sweep alone: docs/PERF.md)",
     )
     p.add_argument(
         "--async-scheduling", action="store_true", help="serve (profile and replays) with async scheduling"
