@@ -29,9 +29,15 @@ class Attention(nn.Module):
     def unbind(self) -> None:
         self.backend = self.k_cache = self.v_cache = None
 
+    def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's (k_cache, v_cache) views; a clear error when no KV cache is bound."""
+        if self.k_cache is None or self.v_cache is None:
+            raise RuntimeError(f"attention layer {self.layer_idx}: no KV cache bound")
+        return self.k_cache, self.v_cache
+
     def store(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Write this step's keys and values into their cache slots (-1: skip the row)."""
-        store_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping)
+        store_kv_cache(k, v, *self.caches(), slot_mapping)
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata

@@ -66,7 +66,7 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.rotary_emb.impl == "triton" and self.attn.k_cache is not None:  # one launch
+        if self.rotary_emb.impl == "triton":  # norm, rotary and the K/V store in one launch
             qn, kn = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
             q, k = triton_ops.qk_norm_rotary(
                 positions,
@@ -76,7 +76,7 @@ class LlamaAttention(nn.Module):
                 qn.weight if qn is not None else None,
                 kn.weight if kn is not None else None,
                 qn.eps if qn is not None else 0.0,
-                kv_store=(v, self.attn.k_cache, self.attn.v_cache, slot_mapping),
+                kv_store=(v, *self.attn.caches(), slot_mapping),
             )
             return q, k, v
         if self.qk_norm:

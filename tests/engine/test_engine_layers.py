@@ -100,3 +100,23 @@ def test_sharded_checkpoint_loads(tmp_path):
             [[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
         )
         assert len(out[0]["token_ids"]) == 4 and "text" not in out[0]
+
+
+def test_forward_without_kv_cache_is_a_clear_error(tmp_path):
+    """A model whose KV cache was released says which layer has none, before any kernel runs."""
+    from engine.attention.metadata import build_step_inputs, set_forward_context
+    from engine.checkpoint import make_random_checkpoint
+    from engine.llm import LLM
+    from engine.sequence import SamplingParams
+
+    path = make_random_checkpoint(tmp_path / "m", "qwen3", "tiny", dtype="float32")
+    with LLM(path, num_kv_blocks=32, device="cpu") as llm:
+        llm.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=1))
+        inputs = build_step_inputs(
+            llm.scheduler.schedule(), llm.block_manager.block_size, torch.device("cpu")
+        )
+        model = llm.runner.model
+        model.attention_layers()[0].unbind()
+        error = pytest.raises(RuntimeError, match="attention layer 0: no KV cache bound")
+        with error, torch.inference_mode(), set_forward_context(inputs.attn):
+            model(inputs.input_ids, inputs.positions)
