@@ -128,7 +128,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from simulator.validate import format_table, validate_run, write_report
 
-    v = validate_run(args.real, args.profile)
+    v = validate_run(args.real, args.profile, args.repeat)
     print(format_table(v))
     out = write_report(v, args.out or Path(args.real) / "validation")
     print(f"\nwrote {out}/report.html; {'within' if v.passed else 'OUTSIDE'} the targets")
@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     val.add_argument("--real", required=True, help="replay folder written by `kvplan replay`")
     val.add_argument("--profile", default=None, help="fitted profile JSON (default: roofline)")
+    val.add_argument(
+        "--repeat",
+        default=None,
+        help="another replay folder of the same trace and configuration: adds the real system's "
+        "own run-to-run difference beside the simulator's error",
+    )
     val.add_argument(
         "--out", default=None, help="folder for report.html, validation.json, sim_requests.parquet"
     )

@@ -2,7 +2,9 @@
 
 A replay folder (written by `kvplan replay`) holds run.json (the configuration), trace.parquet (the
 requests as replayed), requests.parquet (per-request real timings) and steps.parquet (the engine's
-step records). `validate_run` simulates the same trace on the same configuration with a profile.
+step records). `validate_run` simulates the same trace on the same configuration with a profile;
+given a second real run of the same trace and configuration (`repeat_dir`) it also reports how far
+the real system differs from itself, the floor under any simulator's error on that traffic.
 """
 
 from __future__ import annotations
@@ -42,12 +44,23 @@ REPORTED = (
     "e2e_p90_s",
 )
 REQUIRED_FILES = ("run.json", "trace.parquet", "requests.parquet")
+# run.json fields a repeat must share with the run it repeats (besides the trace itself)
+REPEAT_FIELDS = (
+    "model",
+    "block_size",
+    "num_kv_blocks",
+    "enable_prefix_caching",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "policy",
+)
 
 
 @dataclass
 class Validation:
     run_dir: Path
-    table: pd.DataFrame  # metric, real, sim, rel_error, target, ok
+    table: pd.DataFrame  # metric, real, sim, rel_error, target, ok (+ repeat, repeat_error)
     real: pd.DataFrame  # per-request real timings
     sim: SimResult
     steps: pd.DataFrame | None  # real step records with predicted_s and residual columns
@@ -148,7 +161,9 @@ def step_error_by_kind(steps: pd.DataFrame | None) -> pd.DataFrame:
     return out[list(STEP_ERROR_COLUMNS)]
 
 
-def validate_run(run_dir: str | Path, profile: str | Path | None) -> Validation:
+def validate_run(
+    run_dir: str | Path, profile: str | Path | None, repeat_dir: str | Path | None = None
+) -> Validation:
     meta, trace, real, steps = read_run(run_dir)
     config = sim_config_for(meta)
     latency = load_latency_model(
@@ -157,16 +172,52 @@ def validate_run(run_dir: str | Path, profile: str | Path | None) -> Validation:
     sim = run_simulation(trace, config, latency=latency)
     real_summary = summarize(real)
     table = compare(real_summary, sim.summary)
+    if repeat_dir is not None:
+        table = add_repeat(table, real_summary, read_repeat(repeat_dir, meta, trace))
     residuals = step_residuals(steps, latency) if steps is not None and len(steps) else None
     return Validation(Path(run_dir), table, real, sim, residuals)
 
 
+def read_repeat(repeat_dir: str | Path, meta: dict, trace) -> dict:
+    """The summary of another real run of the same trace and configuration; a clear error naming
+    the folder and what differs when it is not one."""
+    repeat_meta, repeat_trace, repeat_real, _ = read_run(repeat_dir)
+    for field in REPEAT_FIELDS:
+        if repeat_meta.get(field) != meta.get(field):
+            raise ValueError(
+                f"{Path(repeat_dir) / 'run.json'}: {field} is {repeat_meta.get(field)!r}, the run it "
+                f"repeats has {meta.get(field)!r}"
+            )
+    ours, theirs = trace.df, repeat_trace.df
+    same = len(ours) == len(theirs) and all(
+        np.array_equal(ours[c].to_numpy(), theirs[c].to_numpy())
+        for c in ("request_id", "arrival_s", "prompt_len", "output_len")
+    )
+    if not same:
+        raise ValueError(f"{Path(repeat_dir) / 'trace.parquet'}: not the trace of the run it repeats")
+    return summarize(repeat_real)
+
+
+def add_repeat(table: pd.DataFrame, real: dict, repeat: dict) -> pd.DataFrame:
+    """`table` with each metric of the repeat run and its relative difference from the real run."""
+    out = table.copy()
+    out["repeat"] = [repeat.get(m, np.nan) for m in out["metric"]]
+    base = out["real"].replace(0, np.nan)
+    out["repeat_error"] = (out["repeat"] - base) / base
+    return out
+
+
 def format_table(v: Validation) -> str:
-    lines = [f"{'metric':<16}{'real':>12}{'sim':>12}{'error':>9}{'target':>8}  ok"]
+    repeat = "repeat_error" in v.table.columns
+    head = f"{'metric':<16}{'real':>12}{'sim':>12}{'error':>9}{'target':>8}  ok"
+    lines = [head + (f"  {'repeat':>10}{'real vs real':>14}" if repeat else "")]
     for r in v.table.itertuples(index=False):
         target = f"{r.target:.0%}" if pd.notna(r.target) else "-"
         ok = "-" if r.ok is None or pd.isna(r.ok) else ("yes" if r.ok else "NO")
-        lines.append(f"{r.metric:<16}{r.real:>12.4g}{r.sim:>12.4g}{r.rel_error:>+9.1%}{target:>8}  {ok}")
+        line = f"{r.metric:<16}{r.real:>12.4g}{r.sim:>12.4g}{r.rel_error:>+9.1%}{target:>8}  {ok:<3}"
+        if repeat:
+            line += f"{r.repeat:>10.4g}{r.repeat_error:>+14.1%}"
+        lines.append(line.rstrip())
     if v.steps is not None:
         res = v.steps["residual"].abs()
         lines.append(
