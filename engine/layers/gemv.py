@@ -12,6 +12,9 @@ argument; one compiled variant per power-of-two row block and weight shape); the
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 
 from engine.layers import pdl
@@ -20,7 +23,7 @@ try:
     import triton
     import triton.language as tl
 
-    from engine.layers.pdl import pdl_prologue
+    from engine.layers.pdl import pdl_launch_dependents, pdl_wait
 except ImportError:  # CPU-only installs: F.linear serves
     triton = None
 
@@ -123,10 +126,18 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, summed, tiles
         PROLOGUE=prologue,
         HAS_RESIDUAL=has_res,
         HAS_BIAS=bias is not None,
+        PREFETCH_W=prefetch_weights(),
         num_warps=warps,
         **pdl.launch_kwargs(x.device, m),
     )
     return out
+
+
+@functools.cache
+def prefetch_weights() -> bool:
+    """Whether a kernel launched early by PDL loads its first weight tile before it waits for the
+    kernel before it (weights are never written during a step); $KVPLAN_GEMV_PREFETCH=0 turns it off."""
+    return os.environ.get("KVPLAN_GEMV_PREFETCH", "1") != "0"
 
 
 def compiled_variants() -> int:
@@ -159,6 +170,13 @@ if triton is not None:
             sq += tl.sum(xf * xf, axis=1)
         return tl.math.rsqrt(sq / K + eps)
 
+    @triton.jit
+    def _load_weight_tile(w_ptr, offs_n, n_mask, k0, K, BLOCK_K: tl.constexpr):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        return tl.load(
+            w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :]
+        )
+
     @triton.jit(do_not_specialize=["x_stride", "res_stride", "M", "eps"])
     def _gemv_kernel(
         x_ptr,
@@ -180,13 +198,19 @@ if triton is not None:
         PROLOGUE: tl.constexpr,
         HAS_RESIDUAL: tl.constexpr,
         HAS_BIAS: tl.constexpr,
+        PREFETCH_W: tl.constexpr,
         USE_PDL: tl.constexpr,
     ):
-        pdl_prologue(USE_PDL)
+        """Program: BLOCK_N output features of every row. Under PDL with PREFETCH_W the first weight
+        tile is loaded before waiting for the previous kernel, so the weight read overlaps its tail."""
+        pdl_launch_dependents(USE_PDL)
         pid = tl.program_id(0)
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
         m_mask, n_mask = offs_m < M, offs_n < N
+        if PREFETCH_W:
+            w_first = _load_weight_tile(w_ptr, offs_n, n_mask, 0, K, BLOCK_K)
+        pdl_wait(USE_PDL)
         if PROLOGUE == 1:
             rstd = _inv_rms(
                 x_ptr, x_stride, res_ptr, res_stride, offs_m, m_mask, eps, K, BLOCK_K, HAS_RESIDUAL
@@ -196,7 +220,10 @@ if triton is not None:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
             mask = m_mask[:, None] & k_mask[None, :]
-            w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :])
+            if PREFETCH_W and k0 == 0:
+                w = w_first
+            else:
+                w = _load_weight_tile(w_ptr, offs_n, n_mask, k0, K, BLOCK_K)
             if PROLOGUE == 1:  # RMSNorm (of x + residual), rounded as triton_ops._rms_norm_kernel rounds
                 x = _load_rows(x_ptr, x_stride, res_ptr, res_stride, offs_m, offs_k, mask, HAS_RESIDUAL)
                 if HAS_RESIDUAL and pid == 0:

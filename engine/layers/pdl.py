@@ -69,3 +69,15 @@ if triton is not None:
         if USE_PDL:
             gdc_wait()
             gdc_launch_dependents()
+
+    @triton.jit
+    def pdl_launch_dependents(USE_PDL: tl.constexpr):
+        """Let the next kernel launch now; this one must still `pdl_wait` before it touches anything
+        an earlier kernel writes (the next kernel's wait then covers this one's predecessors too)."""
+        if USE_PDL:
+            gdc_launch_dependents()
+
+    @triton.jit
+    def pdl_wait(USE_PDL: tl.constexpr):
+        if USE_PDL:
+            gdc_wait()

@@ -20,19 +20,25 @@ pytest.importorskip("triton")
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3)}
 
+# Every case with the first weight tile loaded before the PDL wait (the default) and without.
 WORKER = """
-import sys, torch
+import os, sys, torch
 from engine.layers import gemv
 assert type(gemv._gemv_kernel).__name__ == "InterpretedFunction", "not interpreted"
 out = {}
-for name, c in torch.load(sys.argv[1]).items():
-    if c["op"] == "linear":
-        out[name] = (gemv.linear(c["x"], c["w"], c["b"], tiles=c.get("tiles")),)
-    elif c["op"] == "norm_linear":
-        y, summed = gemv.norm_linear(c["x"], c["r"], c["g"], 1e-6, c["w"])
-        out[name] = (y, summed, torch.tensor(summed is c["x"]))
-    else:
-        out[name] = (gemv.silu_linear(c["x"], c["w"]),)
+for prefetch in ("1", "0"):
+    os.environ["KVPLAN_GEMV_PREFETCH"] = prefetch
+    gemv.prefetch_weights.cache_clear()
+    assert gemv.prefetch_weights() == (prefetch == "1")
+    for name, c in torch.load(sys.argv[1]).items():
+        key = (name, prefetch == "1")
+        if c["op"] == "linear":
+            out[key] = (gemv.linear(c["x"], c["w"], c["b"], tiles=c.get("tiles")),)
+        elif c["op"] == "norm_linear":
+            y, summed = gemv.norm_linear(c["x"], c["r"], c["g"], 1e-6, c["w"])
+            out[key] = (y, summed, torch.tensor(summed is c["x"]))
+        else:
+            out[key] = (gemv.silu_linear(c["x"], c["w"]),)
 torch.save(out, sys.argv[2])
 """
 
@@ -76,9 +82,9 @@ def _cases() -> tuple[dict, dict]:
 def test_gemv_kernels_match_torch(tmp_path):
     cases, refs = _cases()
     got = run_interpreted(WORKER, cases, tmp_path)
-    assert sorted(got) == sorted(refs)
-    for name, expected in refs.items():
-        y, *rest = got[name]
+    assert sorted(got) == sorted((name, prefetch) for name in refs for prefetch in (False, True))
+    for (name, _), (y, *rest) in got.items():
+        expected = refs[name]
         assert y.dtype == expected[0].dtype and y.shape == expected[0].shape, name
         torch.testing.assert_close(y, expected[0], **TOL[y.dtype], msg=name)
         if rest:  # the residual sum: exact, and the input itself when there is no residual
