@@ -4,7 +4,9 @@ writes anything; the launches overlap the tails of the short kernels of a one-to
 
 Every kernel that takes `USE_PDL` calls `pdl_prologue(USE_PDL)` first: it waits for the previous
 kernel (so one that never reads its output still completes after it, which keeps the chain ordered),
-then lets the next one launch. On by default where the GPU and Triton support it; $KVPLAN_PDL=0 turns
+then lets the next one launch. The GEMV instead lets the next one launch, loads weights (never
+written during a step), then waits (`pdl_launch_dependents`, `pdl_wait`): every kernel still waits
+before it reads or writes step data, so the chain stays ordered. On by default where the GPU and Triton support it; $KVPLAN_PDL=0 turns
 it off; never under Triton's interpreter; only for launches over at most `MAX_ROWS` tokens or
 sequences (on an H200 it took a one-token decode step from 0.975 to 0.904 ms, but cost the 256-request
 throughput benchmark 1.5 %: docs/PERF.md).
