@@ -713,14 +713,18 @@ def _compare(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
     return validate.compare(summarize(real), summarize(sim))
 
 
-def load_validation(folder: str | Path, kind: str, profile: Path | None = None) -> ValidationView:
+def load_validation(
+    folder: str | Path, kind: str, profile: Path | None = None, repeat: str | Path | None = None
+) -> ValidationView:
     """Load (for REPLAY: re-simulate with `profile`, None = roofline) one validation run.
 
     Step residuals use the records' own `predicted_s` when present, else `profile` (or the folder's
-    profile.json). ValueError / FileNotFoundError name the file at fault."""
+    profile.json). `repeat`: another REPLAY folder of the same trace and configuration, whose metrics
+    join the table (`repeat`, `repeat_error`: the real system against itself). ValueError /
+    FileNotFoundError name the file at fault."""
     folder = Path(folder)
     if kind == REPLAY:
-        v = validate.validate_run(folder, profile)
+        v = validate.validate_run(folder, profile, repeat)
         steps = None if v.steps is None else _usable_steps(v.steps)
         return ValidationView(folder.name, kind, v.table, v.real, v.sim.requests, steps)
     sim = _requests(folder / SIM_FILE)
@@ -750,6 +754,11 @@ def load_validation(folder: str | Path, kind: str, profile: Path | None = None) 
         else:
             note = f"{steps_path.name} has no predicted_s column and no profile was given: no step residuals"
     return ValidationView(folder.name, kind, _compare(real, sim), real, sim, steps, note)
+
+
+def repeat_candidates(folder: str | Path, runs: list[tuple[Path, str]]) -> list[Path]:
+    """The other replay folders among `runs`: what could repeat `folder` (checked when chosen)."""
+    return [p for p, kind in runs if kind == REPLAY and p != Path(folder)]
 
 
 def paired_requests(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:

@@ -1,6 +1,7 @@
 """Sim vs real page: validation runs (a `kvplan replay` folder, re-simulated here; a `kvplan validate`
 report; or a folder with real_requests.parquet + sim_requests.parquet) -> per-metric error table
-against the calibration targets, per-request scatter, and step-time residuals.
+against the calibration targets (with, for a replay, another real run of the same trace beside it),
+per-request scatter, and step-time residuals.
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ def _mtime(folder: Path) -> float:
 
 
 @st.cache_data(show_spinner="Loading the validation run…", max_entries=16)
-def cached_view(folder: str, kind: str, profile: str | None, mtime: float) -> logic.ValidationView:
-    """`logic.load_validation`, cached on the folder, its files' newest mtime and the profile."""
-    return logic.load_validation(folder, kind, Path(profile) if profile else None)
+def cached_view(
+    folder: str, kind: str, profile: str | None, repeat: str | None, mtime: float
+) -> logic.ValidationView:
+    """`logic.load_validation`, cached on the folder, its files' newest mtime, the profile and the
+    repeat run."""
+    return logic.load_validation(folder, kind, Path(profile) if profile else None, repeat)
 
 
 st.title("Simulated against real")
@@ -75,8 +79,19 @@ profile = c2.selectbox(
     format_func=lambda p: "roofline / none" if p is None else Path(p).name,
     key="val_profile",
 )
+repeats = [str(p) for p in logic.repeat_candidates(folder, runs)] if kind == logic.REPLAY else []
+repeat = None
+if repeats:
+    repeat = st.selectbox(
+        "Repeat run (real against real)",
+        [None, *repeats],
+        format_func=lambda p: "none" if p is None else labels[p],
+        key="val_repeat",
+        help="Another replay of the same trace and configuration: its metrics and its difference from "
+        "this run join the table, the real system's own run-to-run spread beside the simulator's error.",
+    )
 try:
-    view = cached_view(folder, kind, profile, _mtime(Path(folder)))
+    view = cached_view(folder, kind, profile, repeat, _mtime(Path(folder)))
 except (ValueError, FileNotFoundError, KeyError) as e:
     st.error(f"Cannot load this validation run: {e}")
     st.stop()
@@ -94,7 +109,14 @@ if len(ok):
 st.subheader("Per-metric error")
 st.dataframe(
     table.style.format(
-        {"real": "{:.4g}", "sim": "{:.4g}", "rel_error": "{:+.1%}", "target": "±{:.0%}"}, na_rep="–"
+        {
+            "real": "{:.4g}",
+            "sim": "{:.4g}",
+            "rel_error": "{:+.1%}",
+            "target": "±{:.0%}",
+            **({"repeat": "{:.4g}", "repeat_error": "{:+.1%}"} if "repeat" in table else {}),
+        },
+        na_rep="–",
     ),
     hide_index=True,
     key="val_table",

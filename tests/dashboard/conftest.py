@@ -21,6 +21,7 @@ def validation_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dash_samples.write_pair_run(root / "pair-run")
     replay = dash_samples.write_replay_run(root / "replay-run")
     dash_samples.write_report_run(replay)
+    dash_samples.write_repeat_run(replay, root / "replay-run-again")
     return root
 
 

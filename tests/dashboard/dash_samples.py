@@ -145,6 +145,17 @@ def write_replay_run(folder: Path, num_requests: int = 150) -> Path:
     return folder
 
 
+def write_repeat_run(replay: Path, folder: Path, delay_s: float = 0.01) -> Path:
+    """`replay` served again: the same run.json and trace, every first token and finish `delay_s` later."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("run.json", "trace.parquet", "steps.parquet"):
+        (folder / name).write_bytes((replay / name).read_bytes())
+    real = pd.read_parquet(replay / "requests.parquet")
+    real[["first_token_s", "finish_s"]] += delay_s
+    real.to_parquet(folder / "requests.parquet", index=False)
+    return folder
+
+
 def write_report_run(replay: Path) -> Path:
     """What `kvplan validate --real REPLAY` writes: REPLAY/validation/ (validation.json, sim_requests.parquet)."""
     from simulator.validate import validate_run, write_report

@@ -186,6 +186,24 @@ def test_validation_runs(validation_root, monkeypatch):
     )
 
 
+def test_validation_repeat_run(validation_root, monkeypatch):
+    """A replay and the same replay served again 10 ms later: the real-vs-real column appears."""
+    monkeypatch.setenv("KVPLAN_VALIDATION_DIR", str(validation_root))
+    at = app_on("validation")
+    replay = str(validation_root / "replay-run")
+    at.selectbox(key="val_run").set_value(replay).run()
+    no_exceptions(at)
+    assert "repeat_error" not in frame(at, "rel_error")
+    repeat = at.selectbox(key="val_repeat")
+    assert repeat.options == ["none", f"replay-run-again — {'replay folder (re-simulated here)'}"]
+    repeat.set_value(str(validation_root / "replay-run-again")).run()
+    no_exceptions(at)
+    table = frame(at, "rel_error").set_index("metric")
+    real = table.loc["ttft_p50_s", "real"]
+    assert table.loc["ttft_p50_s", "repeat"] == pytest.approx(real + 0.01, abs=1e-9)
+    assert table.loc["ttft_p50_s", "repeat_error"] == pytest.approx(0.01 / real, rel=1e-6)
+
+
 # ---- Engine profile -------------------------------------------------------------------------------------
 
 
