@@ -262,6 +262,10 @@ def test_find_and_load_validation_runs(validation_root):
         ("pair-run", logic.PAIR),
         ("replay-run", logic.REPLAY),
         ("validation", logic.REPORT),
+        ("replay-run-again", logic.REPLAY),
+    ]
+    assert logic.repeat_candidates(validation_root / "replay-run", runs) == [
+        validation_root / "replay-run-again"
     ]
     assert logic.find_validation_runs(validation_root / "missing") == []
     pair = logic.load_validation(*runs[0])
