@@ -165,6 +165,7 @@ def validate_run(
     run_dir: str | Path, profile: str | Path | None, repeat_dir: str | Path | None = None
 ) -> Validation:
     meta, trace, real, steps = read_run(run_dir)
+    repeat = read_repeat(repeat_dir, meta, trace) if repeat_dir is not None else None  # before simulating
     config = sim_config_for(meta)
     latency = load_latency_model(
         profile, config.model, config.gpu, config.tensor_parallel_size, config.block_size
@@ -172,8 +173,8 @@ def validate_run(
     sim = run_simulation(trace, config, latency=latency)
     real_summary = summarize(real)
     table = compare(real_summary, sim.summary)
-    if repeat_dir is not None:
-        table = add_repeat(table, real_summary, read_repeat(repeat_dir, meta, trace))
+    if repeat is not None:
+        table = add_repeat(table, real_summary, repeat)
     residuals = step_residuals(steps, latency) if steps is not None and len(steps) else None
     return Validation(Path(run_dir), table, real, sim, residuals)
 
