@@ -229,8 +229,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.record_itl = record_itl
-        # Inter-token gaps: (gap, tokens that saw it) per step, and fast-forwarded runs as
-        # (end times, number of sequences); compact arrays, merged by `itl_histogram`.
+        # Inter-token gaps: (gap, tokens that saw it) per step, in compact arrays, and fast-forwarded
+        # runs as (end times, number of sequences), the times as the run computed them (a list:
+        # no conversion per run; a long simulation drains them often); merged by `itl_histogram`.
         self.itl_gaps = array("d")
         self.itl_weights = array("q")
         self.itl_runs: list[tuple[Seq[float], int]] = []  # fast-forwarded (end times, num seqs)
@@ -556,6 +557,11 @@ class Scheduler:
         if budget <= 0:
             return True
         bm, seq = self.block_manager, self.waiting[0]
+        if -(-seq.num_tokens // bm.block_size) <= bm.num_free_blocks:
+            # blocks for all its tokens are free: it fits, hits or not (a hit never needs more). The
+            # lookup is left to admission, which materializes any lazy chain it finds (when it
+            # happens changes no outcome, see BlockManager)
+            return False
         hits = bm.lookup_prefix(seq)
         num_cached = len(hits) * bm.block_size
         n = min(seq.num_tokens - num_cached, budget)
@@ -814,7 +820,7 @@ class Scheduler:
                 self.itl_gaps.append(float(times[1]) - sampled_at)
                 self.itl_weights.append(len(running))
             if k > 1:
-                self.itl_runs.append((array("d", times[1:]), len(running)))  # 8 bytes a step
+                self.itl_runs.append((times[1:], len(running)))
         return done
 
     def _take_and_register_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
@@ -822,20 +828,25 @@ class Scheduler:
         running requests' computed tokens before the run; `near`: the indices among them that
         `_near_block_ends` gives for at least k steps (the others open and fill no block)."""
         bm, running = self.block_manager, self.running
-        if not bm.enable_prefix_caching:
-            self._take_run_blocks(k, computed, near)
+        bs, caching = bm.block_size, bm.enable_prefix_caching
+        opens: list[tuple[int, int]] = []  # (the step that opens the sequence's next block, index)
+        fills: list[tuple[Sequence, int]] = []  # (sequence, computed tokens after the steps)
+        for idx in near:  # one pass: the blocks each sequence opens and whether it fills one
+            seq = running[idx]
+            c = computed[idx]
+            first = len(seq.block_table) * bs - c + 1
+            if first <= k:
+                opens.append((first, idx))
+            if caching and (c + k) // bs > seq.num_cached_blocks:
+                fills.append((seq, c + k))
+        if not fills:
+            self._take_run_blocks(k, opens)
             return
-        bs = bm.block_size
-        fills = [  # (sequence, computed tokens after the steps) of those filling blocks
-            (seq, num_tokens)
-            for i in near
-            if (num_tokens := computed[i] + k) // bs > (seq := running[i]).num_cached_blocks
-        ]
         lazy, eager = bm.split_lazy_fills(fills)
         if eager and self._new_blocks_collide(eager):
             self._apply_block_events(k, computed, near)
             return
-        self._take_run_blocks(k, computed, near)
+        self._take_run_blocks(k, opens)
         bm.extend_lazy_chains(lazy)  # nothing to hash or register; they touch no other sequence
         for seq, num_tokens in eager:
             bm.cache_full_blocks(seq, num_tokens)
@@ -853,22 +864,17 @@ class Scheduler:
             new_hashes += bm.block_hashes(seq, num_full)[seq.num_cached_blocks : num_full]
         return bm.any_registered(new_hashes) or len(set(new_hashes)) < len(new_hashes)
 
-    def _take_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
+    def _take_run_blocks(self, k: int, opens: list[tuple[int, int]]) -> None:
         """Give each running sequence the blocks that the next k steps open, taken from the free list
-        in stepping's order (see `_steps_before_preemption`): one call, then dealt out by slicing."""
-        running, bm = self.running, self.block_manager
-        bs = bm.block_size
-        opens = []  # (the step that opens the sequence's next block, running index)
-        for idx in near:
-            seq = running[idx]
-            first = len(seq.block_table) * bs - computed[idx] + 1
-            if first <= k:
-                opens.append((first, idx))
+        in stepping's order (see `_steps_before_preemption`): one call, then dealt out by slicing.
+        `opens`: (the step that opens the sequence's next block, running index) of those that do."""
         if not opens:
             return
+        running, bm = self.running, self.block_manager
+        bs = bm.block_size
         opens.sort()
         if k <= bs:  # (first steps from 1) one block each
-            block_ids = []
+            block_ids: list[int] = []
             bm.take_free_blocks(block_ids, len(opens))
             for (_, idx), block_id in zip(opens, block_ids):
                 running[idx].block_table.append(block_id)
@@ -876,7 +882,7 @@ class Scheduler:
         # every sequence opens m or m + 1 blocks (first steps lie within bs), the latter at the front
         counts = [(k - first) // bs + 1 for first, _ in opens]
         n, m = len(opens), counts[-1]
-        block_ids: list[int] = []
+        block_ids = []
         bm.take_free_blocks(block_ids, sum(counts))
         for i, (_, idx) in enumerate(opens):
             table = running[idx].block_table

@@ -6,8 +6,8 @@ per-request frame with the same columns, so real replays are measured by the sam
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import pandas as pd
@@ -97,10 +97,8 @@ def itl_gaps(
     weights = [np.asarray(w, dtype=float) for _, w in steps]
     if runs:  # all runs at once: differences within each run, none across run boundaries
         lengths = np.fromiter((len(t) for t, _ in runs), np.int64, len(runs))
-        joined = array("d")  # one copy per run, no numpy array per run
-        for t, _ in runs:
-            joined.extend(t)
-        times = np.frombuffer(joined, dtype=float)
+        # one pass in C over every run's times (lists of floats, mostly), no numpy array per run
+        times = np.fromiter(chain.from_iterable(t for t, _ in runs), float, int(lengths.sum()))
         per_run = np.repeat(np.fromiter((n for _, n in runs), float, len(runs)), lengths)
         inside = np.ones(len(times), bool)
         inside[np.cumsum(lengths)[:-1]] = False  # the first end time of every run but the first
