@@ -13,7 +13,6 @@ argument; one compiled variant per power-of-two row block and weight shape); the
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -137,7 +136,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, summed, tiles
 def prefetch_weights() -> bool:
     """Whether a kernel launched early by PDL loads its first weight tile before it waits for the
     kernel before it (weights are never written during a step); $KVPLAN_GEMV_PREFETCH=0 turns it off."""
-    return os.environ.get("KVPLAN_GEMV_PREFETCH", "1") != "0"
+    return pdl.env_switch("KVPLAN_GEMV_PREFETCH")
 
 
 def compiled_variants() -> int:

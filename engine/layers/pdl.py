@@ -47,11 +47,21 @@ def _device_supports(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9 and _triton_launches_pdl()
 
 
+def env_switch(name: str, default: bool = True) -> bool:
+    """An on/off environment setting: "1" on, "0" off, unset the default; anything else is an error."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}: {value!r} is not 0 or 1")
+    return value == "1"
+
+
 def enabled(device: torch.device) -> bool:
     """Whether kernels launched on `device` use PDL (CUDA, sm_90+, a Triton that launches with it)."""
     if not HAS_GDC or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
-    if os.environ.get("KVPLAN_PDL", "1") == "0":
+    if not env_switch("KVPLAN_PDL"):
         return False
     return _device_supports(device.index if device.index is not None else torch.cuda.current_device())
 
