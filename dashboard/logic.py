@@ -747,7 +747,7 @@ def load_validation(
         records = _read_parquet(steps_path)
         profile = profile or (folder / PROFILE_FILE if (folder / PROFILE_FILE).is_file() else None)
         if "predicted_s" in records.columns:
-            steps = _usable_steps(records.assign(measured_s=records[measured_column(records)]))
+            steps = _usable_steps(records.assign(measured_s=records[validate.measured_column(records)]))
             steps["residual"] = (steps["predicted_s"] - steps["measured_s"]) / steps["measured_s"]
         elif profile is not None:
             steps = step_residuals(records, LatencyProfile.load(profile).to_latency_model())
@@ -767,12 +767,6 @@ def paired_requests(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
     return real[cols].merge(sim[cols], on="request_id", suffixes=("_real", "_sim"))
 
 
-def measured_column(records: pd.DataFrame, model: LatencyModel | None = None) -> str:
-    """The measured step time (`simulator.validate.measured_column`): the column `model`'s profile was
-    fitted on, else gpu_time_s when present (and not all missing), else wall_time_s."""
-    return validate.measured_column(records, model)
-
-
 def _usable_steps(records: pd.DataFrame) -> pd.DataFrame:
     """Records a residual means something for: not empty, not compiling, positive measured time."""
     keep = records["kind"].astype(str) != "empty"
@@ -787,18 +781,21 @@ def step_residuals(records: pd.DataFrame, model: LatencyModel) -> pd.DataFrame:
     """`simulator.validate.step_residuals` on the usable records: predicted_s, measured_s and the
     relative residual (predicted - measured) / measured."""
     usable = _usable_steps(records)
-    usable = usable[pd.to_numeric(usable[measured_column(usable, model)], errors="coerce") > 0].reset_index(
-        drop=True
-    )
+    usable = usable[
+        pd.to_numeric(usable[validate.measured_column(usable, model)], errors="coerce") > 0
+    ].reset_index(drop=True)
     if usable.empty:
         return usable.assign(predicted_s=[], measured_s=[], residual=[])
     return validate.step_residuals(usable, model)
 
 
-def residual_summary(res: pd.DataFrame) -> pd.DataFrame:
-    """Per step kind: steps, median and p90 |relative residual|, mean relative residual (bias) and
-    summed error (`simulator.validate.step_error_by_kind`)."""
-    return validate.step_error_by_kind(res)
+# How the pages format `validate.step_error_by_kind` tables
+RESIDUAL_FORMAT = {
+    "median |rel. error|": "{:.1%}",
+    "p90 |rel. error|": "{:.1%}",
+    "bias": "{:+.1%}",
+    "summed error": "{:+.1%}",
+}
 
 
 def read_step_records(data: bytes, filename: str) -> pd.DataFrame:

@@ -12,6 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import figures, logic
+from simulator import validate
 from simulator.latency import FittedModel, LatencyProfile, RooflineModel, fit_step_records, get_gpu
 from simulator.models import preset_names, resolve_model
 from simulator.run import SHIPPED_PROFILE_DIR
@@ -144,16 +145,9 @@ elif residuals.empty:
     st.warning("The step records have no usable steps (all empty or compiling).")
 else:
     st.dataframe(
-        logic.residual_summary(residuals).style.format(
-            {
-                "median |rel. error|": "{:.1%}",
-                "p90 |rel. error|": "{:.1%}",
-                "bias": "{:+.1%}",
-                "summed error": "{:+.1%}",
-            }
-        ),
+        validate.step_error_by_kind(residuals).style.format(logic.RESIDUAL_FORMAT),
         hide_index=True,
         key="prof_residual_table",
     )
     st.plotly_chart(figures.residual_figure(residuals), key="prof_residuals")
-    st.caption(f"Measured column: {logic.measured_column(records, model)}; {Path(records_file.name).name}")
+    st.caption(f"Measured column: {validate.measured_column(records, model)}; {Path(records_file.name).name}")

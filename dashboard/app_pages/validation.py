@@ -13,6 +13,7 @@ import streamlit as st
 
 import simulator
 from dashboard import figures, logic
+from simulator import validate
 from simulator.run import SHIPPED_PROFILE_DIR
 
 ROOT_ENV = "KVPLAN_VALIDATION_DIR"
@@ -137,14 +138,7 @@ if view.steps is None or view.steps.empty:
     )
 else:
     st.dataframe(
-        logic.residual_summary(view.steps).style.format(
-            {
-                "median |rel. error|": "{:.1%}",
-                "p90 |rel. error|": "{:.1%}",
-                "bias": "{:+.1%}",
-                "summed error": "{:+.1%}",
-            }
-        ),
+        validate.step_error_by_kind(view.steps).style.format(logic.RESIDUAL_FORMAT),
         hide_index=True,
         key="val_residual_table",
     )

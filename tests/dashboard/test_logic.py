@@ -20,6 +20,7 @@ from dash_samples import GPU, MODEL, small_trace, write_profile
 
 import traces
 from dashboard import figures, logic
+from simulator import validate
 from simulator.latency import LatencyProfile, RooflineModel
 from simulator.metrics import SLO
 from simulator.models import resolve_model
@@ -273,7 +274,7 @@ def test_find_and_load_validation_runs(validation_root):
     assert (pair.table.set_index("metric")["rel_error"].abs() > 0.01).any()  # "real" is slower
     assert pair.steps is not None and {"predicted_s", "measured_s", "residual"} <= set(pair.steps.columns)
     assert not pair.steps["compiled"].any()
-    summary = logic.residual_summary(pair.steps)
+    summary = validate.step_error_by_kind(pair.steps)
     assert set(summary["kind"]) == {"decode", "prefill", "mixed"}
     assert (summary["median |rel. error|"] < 0.2).all()
     for kind, row in summary.set_index("kind").iterrows():  # the summed error is time-weighted
