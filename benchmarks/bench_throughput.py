@@ -32,16 +32,18 @@ def nano_vllm_workload(num_seqs: int = 256, max_input: int = 1024, max_output: i
     return prompts, params
 
 
-def single_stream(llm: LLM, prompt_len: int = 128, max_tokens: int = 256) -> tuple[float, float]:
+def single_stream(llm: LLM, prompt_len: int = 128, max_tokens: int = 256) -> tuple[float, float, float]:
     """One request alone: (median wall time of its decode steps, its time per output token after
-    the first), in ms."""
+    the first, median device time of its decode steps: CUDA events around each step's work), in ms.
+    Device time close to wall time means the step waits on the GPU, not on the host."""
     llm.recorder.reset()
     seq = llm.add_request(list(range(1, prompt_len + 1)), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))  # fmt: skip
     while llm.has_unfinished():
         llm.step()
     df = llm.recorder.to_dataframe()
-    step_ms = float(df.loc[df["kind"] == "decode", "wall_time_s"].median() * 1e3)
-    return step_ms, (seq.finish_time - seq.first_token_time) / (max_tokens - 1) * 1e3
+    decode = df.loc[df["kind"] == "decode"]
+    step_ms, gpu_ms = (float(decode[col].median() * 1e3) for col in ("wall_time_s", "gpu_time_s"))
+    return step_ms, (seq.finish_time - seq.first_token_time) / (max_tokens - 1) * 1e3, gpu_ms
 
 
 def timed_run(llm: LLM, prompts, params, records: str | None) -> dict:
@@ -58,7 +60,7 @@ def timed_run(llm: LLM, prompts, params, records: str | None) -> dict:
         llm.recorder.save(records)
     async_steps = llm.num_async_steps
     llm.reset_prefix_cache()
-    step_ms, tpot_ms = single_stream(llm)
+    step_ms, tpot_ms, gpu_ms = single_stream(llm)
     kinds = df.groupby("kind").agg(
         steps=("step", "size"),
         seqs_mean=("num_seqs", "mean"),
@@ -82,6 +84,7 @@ def timed_run(llm: LLM, prompts, params, records: str | None) -> dict:
         ),
         "single_stream_ms_per_token": round(step_ms, 3),
         "single_stream_tpot_ms": round(tpot_ms, 3),
+        "single_stream_gpu_ms": round(gpu_ms, 3),
     }
 
 
