@@ -216,18 +216,37 @@ def _launch_merge(workspace: Workspace, num_splits: int, out: torch.Tensor) -> N
 
 @triton.jit
 def _rotated_queries(
-    q_row, heads, stride_qh, w_ptr, cos, sin, eps,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+    q_row, heads, stride_qh, w_ptr, cos_sin_row, eps,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip
     """The program's query heads (rows `heads`, padded to GROUP_PAD with zeros) from the raw query of
-    one sequence at q_row: normed (HAS_NORM) and rotated as qk_norm_rotary does, [GROUP_PAD, 2 HALF]."""
-    half = tl.arange(0, HALF)
+    one sequence at q_row, normed (HAS_NORM) and rotated: [GROUP_PAD, HEAD_DIM]. Each element is the
+    expression norm_rotate_halves computes for it (the same float32 statistics, summed per half, and
+    roundings), written over whole rows, each element beside its rotary partner (the other half's
+    element), so that q keeps the layout of a plain load."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    dims = tl.arange(0, HEAD_DIM)
+    first = dims < HALF
+    partner = (dims + HALF) % HEAD_DIM
     valid = (tl.arange(0, GROUP_PAD) < GROUP)[:, None]
-    src = q_row + heads[:, None] * stride_qh + half[None, :]
-    x1 = tl.load(src, mask=valid, other=0.0)
-    x2 = tl.load(src + HALF, mask=valid, other=0.0)
-    y1, y2 = norm_rotate_halves(x1, x2, w_ptr, cos, sin, eps, HALF, HAS_NORM)
-    return tl.reshape(tl.permute(tl.join(y1, y2), (0, 2, 1)), (GROUP_PAD, 2 * HALF))  # [y1 | y2] per row
+    src = q_row + heads[:, None] * stride_qh
+    x = tl.load(src + dims[None, :], mask=valid, other=0.0)
+    xp = tl.load(src + partner[None, :], mask=valid, other=0.0)
+    dtype = x.dtype
+    if HAS_NORM:
+        f, fp = x.to(tl.float32), xp.to(tl.float32)
+        sq = f * f
+        sq1 = tl.sum(tl.where(first[None, :], sq, 0.0), axis=1, keep_dims=True)
+        ms = (sq1 + tl.sum(tl.where(first[None, :], 0.0, sq), axis=1, keep_dims=True)) / HEAD_DIM
+        rstd = tl.math.rsqrt(ms + eps)
+        w = tl.load(w_ptr + dims).to(tl.float32)
+        wp = tl.load(w_ptr + partner).to(tl.float32)
+        x = ((f * rstd).to(dtype).to(tl.float32) * w).to(dtype)
+        xp = ((fp * rstd).to(dtype).to(tl.float32) * wp).to(dtype)
+    cos = tl.load(cos_sin_row + dims % HALF)
+    sin = tl.load(cos_sin_row + HALF + dims % HALF)
+    f, fp = x.to(tl.float32), xp.to(tl.float32)
+    return tl.where(first[None, :], f * cos - fp * sin, f * cos + fp * sin).to(dtype)
 
 
 @triton.jit
@@ -302,8 +321,9 @@ def _split_kv_kernel(
         cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + half)
         sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HALF + half)
         q = _rotated_queries(
-            q_ptr + b * stride_qb, heads, stride_qh, q_w_ptr, cos, sin, eps, GROUP, GROUP_PAD, HALF, HAS_NORM
-        )
+            q_ptr + b * stride_qb, heads, stride_qh, q_w_ptr, cos_sin_ptr + pos * HEAD_DIM, eps,
+            GROUP, GROUP_PAD, HEAD_DIM, HAS_NORM,
+        )  # fmt: skip
         slot = tl.load(slot_ptr + b).to(tl.int64)
         if (slot >= 0) & (start < end) & (end == context):  # this split reads the new token's key
             page, in_page = slot // BLOCK_SIZE, slot % BLOCK_SIZE
