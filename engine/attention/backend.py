@@ -1,15 +1,12 @@
 """The interface every attention backend implements: paged attention over the KV cache of one layer.
 
 The attention layer stores the step's K/V into the cache first, then calls `forward` with the new
-tokens' q/k/v, that layer's cache and the step's `AttentionMetadata`. A backend whose
-`fuses_decode_prologue(metadata)` is True for a decode step instead takes the raw projected q/k/v and a
-`DecodePrologue`: it applies q/k norm and rotary and stores K/V itself, in its attention kernel.
+tokens' q/k/v, that layer's cache and the step's `AttentionMetadata`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from typing import NamedTuple
 
 import torch
 
@@ -22,21 +19,6 @@ def module_available(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # a parent package is missing
         return False
-
-
-class DecodePrologue(NamedTuple):
-    """What a decode step's q/k norm, rotary and K/V store need (`triton_ops.qk_norm_rotary` with
-    `kv_store`), for a backend that does them inside its attention kernel. k and v are the raw
-    projected [B, Hkv, D] views (strided rows, contiguous heads), as is the q passed beside it."""
-
-    k: torch.Tensor  # [B, Hkv, D] raw keys (neither normed nor rotated)
-    v: torch.Tensor  # [B, Hkv, D] values
-    positions: torch.Tensor  # [B] int32
-    cos_sin: torch.Tensor  # [max_pos, D] float32: cos | sin halves
-    q_weight: torch.Tensor | None  # [D] per-head q RMSNorm weight (Qwen3), None without q/k norm (Llama)
-    k_weight: torch.Tensor | None
-    eps: float
-    slot_mapping: torch.Tensor  # [B] int32 cache slot of each new token (-1: do not store)
 
 
 class AttentionBackend:
@@ -62,13 +44,8 @@ class AttentionBackend:
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
-        prologue: DecodePrologue | None = None,  # only where fuses_decode_prologue(metadata)
     ) -> torch.Tensor:  # [T, H, D]
         raise NotImplementedError
-
-    def fuses_decode_prologue(self, metadata: AttentionMetadata) -> bool:
-        """Whether forward() of this step takes the raw q/k/v and a `DecodePrologue` (and stores K/V)."""
-        return False
 
     def compile_count(self) -> int:
         """Kernel variants compiled so far (grows when a step hits a new variant)."""

@@ -7,8 +7,6 @@ exposes its compile cache so that warm-up and the step recorder can see compilat
 Decode steps go to the Triton split-KV kernel (`triton_decode.py`) by default where Triton can run
 (FA4 has no split-KV on Hopper: one sequence reads its KV from a handful of SMs); `decode_kernel`
 ("triton" or "fa4"; default from $KVPLAN_DECODE_KERNEL, else "triton" when available) says which runs.
-The Triton kernel also takes over the decode step's q/k norm, rotary and K/V store (`DecodePrologue`;
-$KVPLAN_DECODE_PROLOGUE=0 keeps them in their own launch).
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.attention.backend import AttentionBackend, DecodePrologue, module_available
+from engine.attention.backend import AttentionBackend, module_available
 from engine.attention.metadata import AttentionMetadata
 
 
@@ -76,15 +74,10 @@ class FlashAttnCuteBackend(AttentionBackend):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
-        prologue: DecodePrologue | None = None,
     ) -> torch.Tensor:
         md = metadata
         if md.is_decode and self.decode_kernel == "triton":
-            return self._triton_decode(q, k_cache, v_cache, md, scale, prologue)
-        if prologue is not None:
-            raise ValueError(
-                "flash_attn_cute: a DecodePrologue only goes with a decode step on the Triton kernel"
-            )
+            return self._triton_decode(q, k_cache, v_cache, md, scale)
         out = self.varlen_fn(
             q,
             k_cache,
@@ -99,11 +92,6 @@ class FlashAttnCuteBackend(AttentionBackend):
         )
         return out[0] if isinstance(out, tuple) else out
 
-    def fuses_decode_prologue(self, metadata: AttentionMetadata) -> bool:
-        """Decode steps on the Triton split-KV kernel take the raw q/k/v and a `DecodePrologue`: the
-        kernel norms and rotates q/k and stores K/V itself (unless $KVPLAN_DECODE_PROLOGUE=0)."""
-        return metadata.is_decode and self._triton is not None and self._triton.prologue_enabled()
-
     def _triton_decode(
         self,
         q: torch.Tensor,
@@ -111,20 +99,16 @@ class FlashAttnCuteBackend(AttentionBackend):
         v_cache: torch.Tensor,
         md: AttentionMetadata,
         scale: float,
-        prologue: DecodePrologue | None = None,
     ) -> torch.Tensor:
-        """Split-KV decode (with `prologue`: from the raw q, storing the new K/V). The split count
-        depends on the batch size and `max_seqlen_k` only; under a decode graph capture the runner sets
-        `max_seqlen_k` to max_model_len, so a replay keeps it (the kernel splits each sequence's actual
-        context itself)."""
+        """Split-KV decode. The split count depends on the batch size and `max_seqlen_k` only; under a
+        decode graph capture the runner sets `max_seqlen_k` to max_model_len, so a replay keeps it
+        (the kernel splits each sequence's actual context itself)."""
         if q.stride(-1) != 1:
             q = q.contiguous()
         num_splits = self._triton.choose_num_splits(
             q.shape[0], k_cache.shape[2], md.max_seqlen_k, k_cache.shape[1], self.num_sms(q.device)
         )
-        return self.decode_fn(
-            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits, prologue=prologue
-        )
+        return self.decode_fn(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits)
 
     def num_sms(self, device: torch.device | None = None) -> int:
         """SMs of the GPU the Triton decode kernel splits for, found once (on `device`, else the

@@ -1,25 +1,15 @@
 """Split-KV paged decode attention in Triton: one query per sequence, GQA, any page size, graph-safe;
-stage 1 covers a share of each sequence's pages (found in-kernel), stage 2 merges the shares by LSE.
-
-With a `DecodePrologue`, stage 1 also does the work of `triton_ops.qk_norm_rotary(..., kv_store=...)`
-(one launch less per layer of a decode step): each program norms and rotates its query heads from the
-raw projection, and the program whose split holds the new token (key context - 1) writes its normed,
-rotated key and its value into the cache before it reads its keys. $KVPLAN_DECODE_PROLOGUE=0 turns it off.
-"""
+stage 1 covers a share of each sequence's pages (found in-kernel), stage 2 merges the shares by LSE."""
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from engine.attention.backend import DecodePrologue
 from engine.decode_splits import MAX_SPLITS, choose_num_splits, split_unit  # noqa: F401 (re-exported)
 from engine.layers import pdl
 from engine.layers.pdl import pdl_prologue
-from engine.layers.triton_ops import norm_rotate_halves
 
 NUM_WARPS = 4
 NUM_STAGES = 2
@@ -46,36 +36,23 @@ def paged_decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,  # [B, H, D], q's dtype
     workspace: Workspace | None = None,  # make_workspace(B, H, D, num_splits); unused when 1 split
-    prologue: DecodePrologue | None = None,  # q is then the raw projected query
 ) -> torch.Tensor:
-    """Softmax(scale * q k^T) v of each sequence's query over its `context_lens` cached keys. With a
-    `prologue`, q (and the prologue's k) are first normed and rotated, and the new key and value
-    stored at `prologue.slot_mapping`, as `triton_ops.qk_norm_rotary` with `kv_store` would."""
+    """Softmax(scale * q k^T) v of each sequence's query over its `context_lens` cached keys."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens, num_splits)
-    if prologue is not None:
-        _check_prologue(prologue, q)
     batch, num_heads, head_dim = q.shape
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
-    args = (q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out)
     if num_splits == 1:
-        _launch_split_kv(*args, None, prologue)
+        _launch_split_kv(q, k_cache, v_cache, block_tables, context_lens, scale, 1, out, None)
         return out
     if workspace is None:
         workspace = make_workspace(batch, num_heads, head_dim, num_splits, q.device)
     _check_workspace(workspace, q, num_splits)
-    _launch_split_kv(*args, workspace, prologue)
+    _launch_split_kv(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out, workspace)
     _launch_merge(workspace, num_splits, out)
     return out
-
-
-@functools.cache
-def prologue_enabled() -> bool:
-    """Whether decode steps fuse q/k norm, rotary and the K/V store into the split-KV kernel
-    (`DecodePrologue`); $KVPLAN_DECODE_PROLOGUE=0 keeps the separate `qk_norm_rotary` launch."""
-    return pdl.env_switch("KVPLAN_DECODE_PROLOGUE")
 
 
 def _check_inputs(q, k_cache, v_cache, block_tables, context_lens, num_splits: int) -> None:
@@ -92,38 +69,6 @@ def _check_inputs(q, k_cache, v_cache, block_tables, context_lens, num_splits: i
         raise ValueError("paged_decode_attention: block_tables / context_lens have fewer rows than q")
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
-
-
-def _check_prologue(prologue: DecodePrologue, q: torch.Tensor) -> None:
-    """Shape checks of the prologue's inputs against the raw query q [B, H, D] (no device sync)."""
-    batch, _, head_dim = q.shape
-    k, v = prologue.k, prologue.v
-    if k.dim() != 3 or v.shape != k.shape or k.shape[0] != batch or k.shape[2] != head_dim:
-        raise ValueError(
-            f"paged_decode_attention: prologue k {tuple(k.shape)} / v {tuple(v.shape)} do not fit "
-            f"q {tuple(q.shape)} (want [{batch}, Hkv, {head_dim}])"
-        )
-    if k.stride(-1) != 1 or v.stride(-1) != 1:
-        raise ValueError("paged_decode_attention: prologue k and v need a contiguous last dimension")
-    if head_dim % 2 or triton.next_power_of_2(head_dim) != head_dim:
-        raise ValueError(
-            f"paged_decode_attention: the prologue needs a power-of-two head_dim, got {head_dim}"
-        )
-    if prologue.positions.shape[0] < batch or prologue.slot_mapping.shape[0] < batch:
-        raise ValueError("paged_decode_attention: prologue positions / slot_mapping have fewer rows than q")
-    cos_sin = prologue.cos_sin
-    if cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim or cos_sin.dtype != torch.float32:
-        raise ValueError(
-            f"paged_decode_attention: cos_sin {tuple(cos_sin.shape)} {cos_sin.dtype} is not "
-            f"[max_pos, {head_dim}] float32"
-        )
-    if not cos_sin.is_contiguous():
-        raise ValueError("paged_decode_attention: cos_sin must be contiguous")
-    weights = (prologue.q_weight, prologue.k_weight)
-    if (weights[0] is None) != (weights[1] is None):
-        raise ValueError("paged_decode_attention: give both q/k norm weights or neither")
-    if weights[0] is not None and any(w.shape != (head_dim,) or not w.is_contiguous() for w in weights):
-        raise ValueError(f"paged_decode_attention: q/k norm weights must be contiguous [{head_dim}]")
 
 
 def _check_workspace(workspace: Workspace, q: torch.Tensor, num_splits: int) -> None:
@@ -148,24 +93,7 @@ def _tile_tokens(head_dim: int) -> int:
     return 64 if head_dim <= 128 else 32
 
 
-def _prologue_args(prologue: DecodePrologue | None, q: torch.Tensor, context_lens: torch.Tensor) -> tuple:
-    """The kernel's prologue arguments: pointers, eps and strides (placeholders, never dereferenced,
-    without a prologue)."""
-    if prologue is None:
-        return (q, q, context_lens, q, q, q, context_lens, 0.0, 0, 0, 0, 0)
-    p = prologue
-    q_weight = p.q_weight if p.q_weight is not None else p.cos_sin
-    k_weight = p.k_weight if p.k_weight is not None else p.cos_sin
-    return (
-        p.k, p.v, p.positions, p.cos_sin, q_weight, k_weight, p.slot_mapping, float(p.eps),
-        p.k.stride(0), p.k.stride(1), p.v.stride(0), p.v.stride(1),
-    )  # fmt: skip
-
-
-def _launch_split_kv(
-    q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out, workspace, prologue=None
-):
-    """Stage 1 over (sequence, kv head, split); with `workspace` None (one split) it writes `out`."""
+def _launch_split_kv(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out, workspace):
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -179,7 +107,6 @@ def _launch_split_kv(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        *_prologue_args(prologue, q, context_lens),
         NUM_HEADS=num_heads,
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
@@ -189,8 +116,6 @@ def _launch_split_kv(
         TILE_N=_tile_tokens(head_dim),
         SPLIT_UNIT=split_unit(block_size),
         DIRECT=direct,
-        PROLOGUE=prologue is not None,
-        HAS_NORM=prologue is not None and prologue.q_weight is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 only matters for fp32 inputs
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
@@ -214,66 +139,10 @@ def _launch_merge(workspace: Workspace, num_splits: int, out: torch.Tensor) -> N
     )  # fmt: skip
 
 
-@triton.jit
-def _rotated_queries(
-    q_row, heads, stride_qh, w_ptr, cos_sin_row, eps,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
-):  # fmt: skip
-    """The program's query heads (rows `heads`, padded to GROUP_PAD with zeros) from the raw query of
-    one sequence at q_row, normed (HAS_NORM) and rotated: [GROUP_PAD, HEAD_DIM]. Each element is the
-    expression norm_rotate_halves computes for it (the same float32 statistics, summed per half, and
-    roundings), written over whole rows, each element beside its rotary partner (the other half's
-    element), so that q keeps the layout of a plain load."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    dims = tl.arange(0, HEAD_DIM)
-    first = dims < HALF
-    partner = (dims + HALF) % HEAD_DIM
-    valid = (tl.arange(0, GROUP_PAD) < GROUP)[:, None]
-    src = q_row + heads[:, None] * stride_qh
-    x = tl.load(src + dims[None, :], mask=valid, other=0.0)
-    xp = tl.load(src + partner[None, :], mask=valid, other=0.0)
-    dtype = x.dtype
-    if HAS_NORM:
-        f, fp = x.to(tl.float32), xp.to(tl.float32)
-        sq = f * f
-        sq1 = tl.sum(tl.where(first[None, :], sq, 0.0), axis=1, keep_dims=True)
-        ms = (sq1 + tl.sum(tl.where(first[None, :], 0.0, sq), axis=1, keep_dims=True)) / HEAD_DIM
-        rstd = tl.math.rsqrt(ms + eps)
-        w = tl.load(w_ptr + dims).to(tl.float32)
-        wp = tl.load(w_ptr + partner).to(tl.float32)
-        x = ((f * rstd).to(dtype).to(tl.float32) * w).to(dtype)
-        xp = ((fp * rstd).to(dtype).to(tl.float32) * wp).to(dtype)
-    cos = tl.load(cos_sin_row + dims % HALF)
-    sin = tl.load(cos_sin_row + HALF + dims % HALF)
-    f, fp = x.to(tl.float32), xp.to(tl.float32)
-    return tl.where(first[None, :], f * cos - fp * sin, f * cos + fp * sin).to(dtype)
-
-
-@triton.jit
-def _store_new_kv(
-    k_src, v_src, k_dst, v_dst, w_ptr, cos, sin, eps, HALF: tl.constexpr, HAS_NORM: tl.constexpr
-):  # fmt: skip
-    """The new token's key head at k_src, normed (HAS_NORM) and rotated, into k_dst; its value head
-    at v_src into v_dst (what qk_norm_rotary's kv_store writes)."""
-    half = tl.arange(0, HALF)
-    y1, y2 = norm_rotate_halves(
-        tl.load(k_src + half), tl.load(k_src + HALF + half), w_ptr, cos, sin, eps, HALF, HAS_NORM
-    )
-    tl.store(k_dst + half, y1.to(k_dst.dtype.element_ty))
-    tl.store(k_dst + HALF + half, y2.to(k_dst.dtype.element_ty))
-    dims = tl.arange(0, 2 * HALF)
-    tl.store(v_dst + dims, tl.load(v_src + dims).to(v_dst.dtype.element_ty))
-
-
 # Eager decode steps (enforce_eager) pass views into the step's packed metadata: their addresses and
 # the block table's row stride change from step to step, so they are not specialised on (a new
 # alignment or stride would compile a new variant mid-run; decode graphs use fixed buffers).
-@triton.jit(
-    do_not_specialize=[
-        "num_splits", "tables_ptr", "context_lens_ptr", "stride_tb",
-        "pos_ptr", "slot_ptr", "eps", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh",
-    ]
-)  # fmt: skip
+@triton.jit(do_not_specialize=["num_splits", "tables_ptr", "context_lens_ptr", "stride_tb"])
 def _split_kv_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, context_lens_ptr, out_ptr, partial_ptr, lse_ptr,
     qk_scale,  # softmax scale * log2(e)
@@ -282,26 +151,17 @@ def _split_kv_kernel(
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
     stride_tb, stride_ob, stride_oh,
-    # PROLOGUE only: the new tokens' raw k/v [B, Hkv, D], positions, rotary table, q/k norm weights,
-    # cache slots, norm eps, and the k/v row and head strides
-    k_new_ptr, v_new_ptr, pos_ptr, cos_sin_ptr, q_w_ptr, k_w_ptr, slot_ptr, eps,
-    stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, SPLIT_UNIT: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: write the normalised output, no workspace
-    PROLOGUE: tl.constexpr,  # q is raw: norm + rotary here, and the new token's K/V stored
-    HAS_NORM: tl.constexpr,  # per-head q/k RMSNorm in the prologue (Qwen3)
     DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """Program (sequence b, kv head, split): every query head of the kv head's group (rows padded to
     GROUP_PAD for tl.dot) over the split's contiguous run of SPLIT_UNIT-token units, online softmax
-    in fp32 and base 2. Writes the split's normalised output and its LSE (-inf when empty).
-    PROLOGUE: the queries are normed and rotated here; the program whose split holds key context - 1
-    (the new token) first stores that key (normed, rotated) and value at the sequence's slot, then
-    a barrier makes them visible to its threads; no other split reads that key."""
-    pdl_prologue(USE_PDL)  # every read of the step's q/k/v comes after this wait
+    in fp32 and base 2. Writes the split's normalised output and its LSE (-inf when empty)."""
+    pdl_prologue(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -314,31 +174,7 @@ def _split_kv_kernel(
     heads = kv_head * GROUP + rows
     dims = tl.arange(0, BLOCK_D)
     q_mask = (rows < GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
-    if PROLOGUE:
-        HALF: tl.constexpr = HEAD_DIM // 2
-        half = tl.arange(0, HALF)
-        pos = tl.load(pos_ptr + b).to(tl.int64)
-        cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + half)
-        sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HALF + half)
-        q = _rotated_queries(
-            q_ptr + b * stride_qb, heads, stride_qh, q_w_ptr, cos_sin_ptr + pos * HEAD_DIM, eps,
-            GROUP, GROUP_PAD, HEAD_DIM, HAS_NORM,
-        )  # fmt: skip
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        if (slot >= 0) & (start < end) & (end == context):  # this split reads the new token's key
-            page, in_page = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-            _store_new_kv(
-                k_new_ptr + b * stride_knb + kv_head * stride_knh,
-                v_new_ptr + b * stride_vnb + kv_head * stride_vnh,
-                k_ptr + page * stride_kb + in_page * stride_kt + kv_head * stride_kh,
-                v_ptr + page * stride_vb + in_page * stride_vt + kv_head * stride_vh,
-                k_w_ptr, cos, sin, eps, HALF, HAS_NORM,
-            )  # fmt: skip
-        tl.debug_barrier()  # the stores above are visible to every thread of this program
-    else:
-        q = tl.load(
-            q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=q_mask, other=0.0
-        )
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=q_mask, other=0.0)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)

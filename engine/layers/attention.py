@@ -1,14 +1,12 @@
 """The attention layer of a decoder block: the store of a step's K/V into its cache slots (the Triton
-layers fuse it into q/k norm + rotary instead; on decode steps a backend may fuse all three into its
-attention kernel: `fuses_decode_prologue`) and attention through the engine's backend. Cache views and
-backend are bound by layer index (`KVCache.bind`); the model passes the step's metadata."""
+layers fuse it into q/k norm + rotary instead) and attention through the engine's backend. Cache views
+and backend are bound by layer index (`KVCache.bind`); the model passes the step's metadata."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from engine.attention.backend import DecodePrologue
 from engine.attention.metadata import AttentionMetadata
 from engine.kv_cache import store_kv_cache
 
@@ -41,28 +39,12 @@ class Attention(nn.Module):
         """Write this step's keys and values into their cache slots (-1: skip the row)."""
         store_kv_cache(k, v, *self.caches(), slot_mapping)
 
-    def fuses_decode_prologue(self, metadata: AttentionMetadata) -> bool:
-        """Whether the bound backend takes this step's raw q/k/v and a `DecodePrologue` (q/k norm,
-        rotary and the K/V store inside its attention kernel)."""
-        return self.backend is not None and self.backend.fuses_decode_prologue(metadata)
-
     def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        metadata: AttentionMetadata,
-        prologue: DecodePrologue | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         """Attention of q [T, H, D] over the cache (k/v [T, Hkv, D]: this step's, already stored, for
-        backends that read them) -> [T, H * D]. With `prologue` (only where `fuses_decode_prologue`)
-        q, k and v are raw and the backend stores k and v."""
+        backends that read them) -> [T, H * D]."""
         if self.backend is None:
             raise RuntimeError(f"attention layer {self.layer_idx}: no KV cache bound")
-        args = (q, k, v, self.k_cache, self.v_cache, metadata, self.scale)
-        out = (
-            self.backend.forward(*args)
-            if prologue is None
-            else self.backend.forward(*args, prologue=prologue)
-        )
+        out = self.backend.forward(q, k, v, self.k_cache, self.v_cache, metadata, self.scale)
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -227,31 +227,11 @@ if triton is not None:
         offs = tl.arange(0, HALF)
         x1 = tl.load(src + offs)
         x2 = tl.load(src + HALF + offs)
-        return norm_rotate_halves(x1, x2, w_ptr, cos, sin, eps, HALF, HAS_NORM)
-
-    @triton.jit
-    def norm_rotate_halves(
-        x1,
-        x2,
-        w_ptr,
-        cos,
-        sin,
-        eps,
-        HALF: tl.constexpr,
-        HAS_NORM: tl.constexpr,
-    ):
-        """Per-head RMSNorm (HAS_NORM: float32 statistics over both halves, weight [2 HALF] at w_ptr)
-        then rotary (neox halves; cos, sin [HALF] float32) of heads split into halves x1, x2
-        [..., HALF] (a head per row of the last axis). The rotated halves in x1's dtype, rounded where
-        HF rounds. The split-KV decode kernel's prologue (engine/attention/triton_decode.py) calls it
-        too, so that both paths compute the same values."""
         dtype = x1.dtype
         if HAS_NORM:
             f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-            sq1 = tl.sum(f1 * f1, axis=-1, keep_dims=True)
-            ms = (sq1 + tl.sum(f2 * f2, axis=-1, keep_dims=True)) / (2 * HALF)
+            ms = (tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * HALF)
             rstd = tl.math.rsqrt(ms + eps)
-            offs = tl.arange(0, HALF)
             w1 = tl.load(w_ptr + offs).to(tl.float32)
             w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
             x1 = ((f1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype)

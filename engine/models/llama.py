@@ -9,8 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.attention.backend import DecodePrologue
-from engine.attention.metadata import AttentionMetadata, get_forward_context
+from engine.attention.metadata import get_forward_context
 from engine.config import ModelSpec
 from engine.layers import gemv, triton_ops
 from engine.layers.activation import SiluAndMul
@@ -47,39 +46,26 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         md = get_forward_context()
-        raw = self.fuses_decode_prologue(md)
-        q, k, v = self.project(positions, hidden_states, md.slot_mapping, raw)
-        return self.o_proj(self.attend(positions, q, k, v, md, raw))
-
-    def fuses_decode_prologue(self, metadata: AttentionMetadata) -> bool:
-        """Whether this step leaves q/k norm, rotary and the K/V store to the attention kernel: a
-        decode step on the Triton layers whose backend fuses them (a `DecodePrologue`)."""
-        return self.rotary_emb.impl == "triton" and self.attn.fuses_decode_prologue(metadata)
+        q, k, v = self.project(positions, hidden_states, md.slot_mapping)
+        return self.o_proj(self.attn.attend(q, k, v, md))
 
     def project(
-        self,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        raw: bool = False,
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, slot_mapping: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, H, D], k and v [T, Hkv, D] of the tokens (projection, q/k norm for Qwen3, rotary),
-        k and v also stored into their cache slots; `raw`: the projection only (see split_heads)."""
-        return self.split_heads(positions, self.qkv_proj(hidden_states), slot_mapping, raw)
+        k and v also stored into their cache slots."""
+        return self.split_heads(positions, self.qkv_proj(hidden_states), slot_mapping)
 
     def split_heads(
-        self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor, raw: bool = False
+        self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of the projected rows qkv [T, (H + 2 Hkv) D] (q/k norm for Qwen3, rotary), k and v
         stored into the cache slots `slot_mapping` (-1: not stored): on the Triton layers in the same
-        launch as the norm and rotary. `raw` (where `fuses_decode_prologue`): the views of qkv as they
-        are, neither normed, rotated nor stored; `attend` hands that work to the attention kernel."""
+        launch as the norm and rotary."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if raw:
-            return q, k, v
         if self.rotary_emb.impl == "triton":  # norm, rotary and the K/V store in one launch
             qn, kn = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
             q, k = triton_ops.qk_norm_rotary(
@@ -98,37 +84,6 @@ class LlamaAttention(nn.Module):
         q, k = self.rotary_emb(positions, q, k)
         self.attn.store(k, v, slot_mapping)
         return q, k, v
-
-    def attend(
-        self,
-        positions: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        metadata: AttentionMetadata,
-        raw: bool = False,
-    ) -> torch.Tensor:
-        """Attention of the step's q/k/v from `split_heads` -> [T, H * D]; `raw` ones go with the
-        `DecodePrologue` that makes the backend norm, rotate and store them."""
-        prologue = self.decode_prologue(positions, k, v, metadata.slot_mapping) if raw else None
-        return self.attn.attend(q, k, v, metadata, prologue)
-
-    def decode_prologue(
-        self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
-    ) -> DecodePrologue:
-        """The inputs of q/k norm, rotary and the K/V store for the attention kernel (what
-        `split_heads` passes to `triton_ops.qk_norm_rotary`)."""
-        qn, kn = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
-        return DecodePrologue(
-            k=k,
-            v=v,
-            positions=positions,
-            cos_sin=self.rotary_emb.cos_sin_cache,
-            q_weight=qn.weight if qn is not None else None,
-            k_weight=kn.weight if kn is not None else None,
-            eps=qn.eps if qn is not None else 0.0,
-            slot_mapping=slot_mapping,
-        )
 
 
 class LlamaMLP(nn.Module):
@@ -158,9 +113,8 @@ class LlamaDecoderLayer(nn.Module):
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         md = get_forward_context()
-        raw = self.self_attn.fuses_decode_prologue(md)  # decode: norm, rotary, K/V store in attention
-        q, k, v, residual = self.pre_attention(positions, hidden_states, residual, md.slot_mapping, raw)
-        return self.post_attention(self.self_attn.attend(positions, q, k, v, md, raw), residual)
+        q, k, v, residual = self.pre_attention(positions, hidden_states, residual, md.slot_mapping)
+        return self.post_attention(self.self_attn.attn.attend(q, k, v, md), residual)
 
     # the layer cut at its attention kernel (piecewise CUDA graphs capture the two halves)
     def pre_attention(
@@ -169,21 +123,19 @@ class LlamaDecoderLayer(nn.Module):
         hidden_states: torch.Tensor,
         residual: torch.Tensor | None,
         slot_mapping: torch.Tensor,
-        raw: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Input norm (adding the residual), q/k/v, and k/v stored at `slot_mapping`: (q, k, v, residual).
-        `raw`: q/k/v as projected, not yet normed, rotated nor stored (LlamaAttention.split_heads)."""
+        """Input norm (adding the residual), q/k/v, and k/v stored at `slot_mapping`: (q, k, v, residual)."""
         if self.fused_small_batch(hidden_states):  # norm fused into the QKV projection
             norm, proj = self.input_layernorm, self.self_attn.qkv_proj
             qkv, residual = gemv.norm_linear(
                 hidden_states, residual, norm.weight, norm.eps, proj.weight, proj.bias
             )
-            return *self.self_attn.split_heads(positions, qkv, slot_mapping, raw), residual
+            return *self.self_attn.split_heads(positions, qkv, slot_mapping), residual
         if residual is None:
             hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        q, k, v = self.self_attn.project(positions, hidden_states, slot_mapping, raw)
+        q, k, v = self.self_attn.project(positions, hidden_states, slot_mapping)
         return q, k, v, residual
 
     def post_attention(
