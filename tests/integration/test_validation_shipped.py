@@ -58,8 +58,8 @@ def test_current_engine_replays(run, expected_misses):
     """The current engine, session 9: each block size's replays served in one device call right after
     that call's sweep; the shipped profiles fit the sweeps of two calls on two machines (sessions 8
     and 9, 27k steps each). The simulation is faster than these replays: their decode steps took
-    2-5 % longer than the profile predicts (summed), and near saturation (x8) queueing turns that
-    into TTFT p50 -37 % (block 16) and -63..-68 % (block 256). Light load: TTFT p50 -23 % and -12 %
+    2-5 % longer than the profile predicts (summed; lightb's 3.6 % less), and near saturation (x8)
+    queueing turns that into TTFT p50 -37 % (block 16) and -63..-68 % (block 256). Light load: TTFT p50 -23 % and -12 %
     at block 16 (small mixed steps, summed -27 % and -7 %), -6 % at block 256. docs/PERF.md has
     the tables, the other profiles tried and the other machines' replays."""
     block = run.split("_")[0]
