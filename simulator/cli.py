@@ -128,10 +128,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from simulator.validate import format_table, validate_run, write_report
 
-    v = validate_run(args.real, args.profile, args.repeat)
+    if len(args.real) > 1 or len(args.profile) > 1:
+        return validate_many(args)
+    v = validate_run(args.real[0], args.profile[0], args.repeat)
     print(format_table(v))
-    out = write_report(v, args.out or Path(args.real) / "validation")
+    out = write_report(v, args.out or Path(args.real[0]) / "validation")
     print(f"\nwrote {out}/report.html; {'within' if v.passed else 'OUTSIDE'} the targets")
+    return 0
+
+
+def validate_many(args: argparse.Namespace) -> int:
+    """Several runs and/or profiles: the targets each pair meets, as a table (and CSV with --out)."""
+    from simulator.validate import format_matrix, validation_matrix
+
+    if args.repeat is not None:
+        print("kvplan validate: --repeat takes one --real run and one --profile", file=sys.stderr)
+        return 2
+    matrix = validation_matrix(args.real, args.profile)
+    print(format_matrix(matrix))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        matrix.to_csv(out / "validation_matrix.csv", index=False)
+        print(f"\nwrote {out / 'validation_matrix.csv'}")
     return 0
 
 
@@ -196,8 +215,19 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser(
         "validate", help="simulate a real replay's trace and configuration; report the errors"
     )
-    val.add_argument("--real", required=True, help="replay folder written by `kvplan replay`")
-    val.add_argument("--profile", default=None, help="fitted profile JSON (default: roofline)")
+    val.add_argument(
+        "--real",
+        required=True,
+        nargs="+",
+        help="replay folder written by `kvplan replay`; several: a table of the targets each run meets "
+        "with each --profile",
+    )
+    val.add_argument(
+        "--profile",
+        nargs="+",
+        default=[None],
+        help="fitted profile JSON (default: roofline); several: compared on every --real run",
+    )
     val.add_argument(
         "--repeat",
         default=None,

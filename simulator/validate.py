@@ -266,3 +266,64 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
         f"<html><body><h2>kvplan validate</h2>{table_html}{fig.to_html(full_html=False, include_plotlyjs=True)}</body></html>"
     )
     return out
+
+
+# ---- several runs x several profiles: which profile predicts the real runs best --------------------
+
+MATRIX_SUMMARY = ("tpot_mean_s", "ttft_p50_s")  # median signed error per profile under the table
+
+
+def validation_matrix(
+    runs: list[str | Path], profiles: list[str | Path | None], progress: bool = True
+) -> pd.DataFrame:
+    """`validate_run` of every run with every profile (None: roofline): one row per pair with the
+    targets it meets (of `TARGETS`), each target's relative error and the median |step error|."""
+    from tqdm import tqdm
+
+    run_labels, profile_labels = path_labels(runs), path_labels(profiles)
+    pairs = [(r, p) for p in range(len(profiles)) for r in range(len(runs))]
+    rows = []
+    for r, p in tqdm(pairs, desc="validating", unit="run", disable=not progress):
+        v = validate_run(runs[r], profiles[p])
+        table = v.table.set_index("metric")
+        row = {"run": run_labels[r], "profile": profile_labels[p]}
+        row["targets_met"] = int(table.loc[list(TARGETS), "ok"].astype(bool).sum())
+        row.update({m: float(table.loc[m, "rel_error"]) for m in TARGETS})
+        steps = v.steps["residual"].abs().median() if v.steps is not None else np.nan
+        row["step_error_median"] = float(steps)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def path_labels(paths: list[str | Path | None]) -> list[str]:
+    """Short distinct names: each path's last part, with as many of its parent folders as it takes to
+    tell it from every other path (None is 'roofline'; a path given twice keeps its full form)."""
+    parts = [Path(p).resolve().parts if p is not None else ("roofline",) for p in paths]
+    labels = []
+    for i, mine in enumerate(parts):
+        others = [x for j, x in enumerate(parts) if j != i]
+        depth = 1
+        while depth < len(mine) and any(x[-depth:] == mine[-depth:] for x in others):
+            depth += 1
+        labels.append("/".join(mine[-depth:]))
+    return labels
+
+
+def format_matrix(matrix: pd.DataFrame) -> str:
+    """Targets met per run (rows) and profile (columns), the totals, and each profile's median error
+    of the `MATRIX_SUMMARY` metrics over the runs."""
+    met = matrix.pivot(index="run", columns="profile", values="targets_met")
+    met = met.loc[list(dict.fromkeys(matrix["run"])), list(dict.fromkeys(matrix["profile"]))]
+    width = max(12, *(len(c) + 2 for c in met.columns))
+    first = max(24, *(len(r) + 2 for r in met.index))
+    lines = [f"{f'targets met (of {len(TARGETS)})':<{first}}" + "".join(f"{c:>{width}}" for c in met.columns)]
+    lines += [f"{r:<{first}}" + "".join(f"{int(v):>{width}}" for v in met.loc[r]) for r in met.index]
+    lines.append(
+        f"{f'total (of {len(TARGETS) * len(met)})':<{first}}"
+        + "".join(f"{int(v):>{width}}" for v in met.sum())
+    )
+    for metric in MATRIX_SUMMARY:
+        medians = matrix.groupby("profile", sort=False)[metric].median()
+        label = f"median error {metric}"
+        lines.append(f"{label:<{first}}" + "".join(f"{medians[c]:>+{width}.1%}" for c in met.columns))
+    return "\n".join(lines)
