@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -280,17 +281,19 @@ def validation_matrix(
     targets it meets (of `TARGETS`), each target's relative error and the median |step error|."""
     from tqdm import tqdm
 
-    run_labels, profile_labels = path_labels(runs), path_labels(profiles)
-    pairs = [(r, p) for p in range(len(profiles)) for r in range(len(runs))]
+    pairs = list(product(zip(profiles, path_labels(profiles)), zip(runs, path_labels(runs))))
     rows = []
-    for r, p in tqdm(pairs, desc="validating", unit="run", disable=not progress):
-        v = validate_run(runs[r], profiles[p])
+    for (profile, profile_label), (run, run_label) in tqdm(
+        pairs, desc="validating", unit="run", disable=not progress
+    ):
+        v = validate_run(run, profile)
         table = v.table.set_index("metric")
-        row = {"run": run_labels[r], "profile": profile_labels[p]}
+        row = {"run": run_label, "profile": profile_label}
         row["targets_met"] = int(table.loc[list(TARGETS), "ok"].astype(bool).sum())
         row.update({m: float(table.loc[m, "rel_error"]) for m in TARGETS})
-        steps = v.steps["residual"].abs().median() if v.steps is not None else np.nan
-        row["step_error_median"] = float(steps)
+        row["step_error_median"] = (
+            float(v.steps["residual"].abs().median()) if v.steps is not None else np.nan
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
