@@ -181,17 +181,20 @@ class LLM:
             "pdl": pdl.enabled(self.device),
         }
 
-    def decode_split_kv(self) -> dict[str, int] | None:
+    def decode_split_kv(self) -> dict[str, Any] | None:
         """How decode attention splits each sequence's KV, for the fitted latency model
         (`simulator.latency.SplitKV`): kv heads per rank and the GPU's SMs when decode runs the
         Triton split-KV kernel (`engine.decode_splits`); None for kernels that do not split."""
         backend = self.runner.backend
         if getattr(backend, "decode_kernel", None) != "triton":
             return None
-        return {
+        fields = {
             "num_kv_heads": self.spec.num_kv_heads // self.parallel_config.tensor_parallel_size,
             "num_sms": backend.num_sms(),
         }
+        if backend.decode_balanced:
+            fields |= {"block_size": self.cache_config.block_size, "balanced": True}
+        return fields
 
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:

@@ -155,16 +155,24 @@ def validate_many(args: argparse.Namespace) -> int:
 
 
 def parse_split_kv(text: str):
-    """--split-kv: 'none' or KV_HEADS:SMS."""
+    """--split-kv: 'none', KV_HEADS:SMS (splits by batch size) or KV_HEADS:SMS:BLOCK_SIZE (balanced)."""
     from simulator.latency.fitted import SplitKV
 
     if text.strip().lower() == "none":
         return None
     try:
-        heads, sms = (int(x) for x in text.split(":"))
-        return SplitKV(heads, sms)
+        parts = [int(x) for x in text.split(":")]
+        if len(parts) == 2:
+            return SplitKV(*parts)
+        if len(parts) == 3:
+            return SplitKV(*parts, balanced=True)
+        raise ValueError
     except ValueError as e:
-        detail = str(e) if str(e).startswith("split_kv") else "expected KV_HEADS:SMS, e.g. 8:132"
+        detail = (
+            str(e)
+            if str(e).startswith("split_kv")
+            else "expected KV_HEADS:SMS (e.g. 8:132) or KV_HEADS:SMS:BLOCK_SIZE (balanced, e.g. 8:132:16)"
+        )
         raise ValueError(f"--split-kv: {text!r}: {detail}, 'none' or 'like'") from None
 
 
@@ -252,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--split-kv",
         default="like",
         help="how the engine's decode kernel split each sequence's KV: KV_HEADS:SMS (kv heads per TP rank, "
-        "GPU SMs; the Triton split-KV kernel, e.g. 8:132 for Qwen3 on an H200), 'none', or 'like' (default: "
-        "--like's)",
+        "GPU SMs; the Triton split-KV kernel before session 10, e.g. 8:132 for Qwen3 on an H200), "
+        "KV_HEADS:SMS:BLOCK_SIZE (its balanced splits, e.g. 8:132:16), 'none', or 'like' (default: --like's)",
     )
     fit.add_argument(
         "--no-floors",

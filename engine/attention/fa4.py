@@ -7,6 +7,7 @@ exposes its compile cache so that warm-up and the step recorder can see compilat
 Decode steps go to the Triton split-KV kernel (`triton_decode.py`) by default where Triton can run
 (FA4 has no split-KV on Hopper: one sequence reads its KV from a handful of SMs); `decode_kernel`
 ("triton" or "fa4"; default from $KVPLAN_DECODE_KERNEL, else "triton" when available) says which runs.
+The Triton kernel balances its splits (`engine.decode_splits`) unless $KVPLAN_DECODE_BALANCE is 0.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class FlashAttnCuteBackend(AttentionBackend):
 
             self._triton = triton_decode
             self.decode_fn = decode_fn or triton_decode.paged_decode_attention
+        self.decode_balanced = _decode_balanced()
         self._num_sms: int | None = None
 
     @staticmethod
@@ -105,10 +107,15 @@ class FlashAttnCuteBackend(AttentionBackend):
         (the kernel splits each sequence's actual context itself)."""
         if q.stride(-1) != 1:
             q = q.contiguous()
+        num_sms, balanced = self.num_sms(q.device), self.decode_balanced
         num_splits = self._triton.choose_num_splits(
-            q.shape[0], k_cache.shape[2], md.max_seqlen_k, k_cache.shape[1], self.num_sms(q.device)
+            q.shape[0], k_cache.shape[2], md.max_seqlen_k, k_cache.shape[1], num_sms, balanced
         )
-        return self.decode_fn(q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits)
+        grid = self._triton.grid_splits(q.shape[0], k_cache.shape[2], num_sms, balanced)
+        balance = self._triton.balance_programs(num_sms, balanced, grid)
+        return self.decode_fn(
+            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits, balance=balance
+        )
 
     def num_sms(self, device: torch.device | None = None) -> int:
         """SMs of the GPU the Triton decode kernel splits for, found once (on `device`, else the
@@ -148,6 +155,14 @@ def _resolve_decode_kernel(decode_kernel: str | None, injected: bool) -> str:
     if choice == "triton" and not (injected or module_available("triton")):
         raise ValueError("decode_kernel 'triton': the triton package is not installed")
     return choice
+
+
+def _decode_balanced() -> bool:
+    """$KVPLAN_DECODE_BALANCE: 1 (default) balances the Triton decode kernel's splits, 0 does not."""
+    value = os.environ.get("KVPLAN_DECODE_BALANCE", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"KVPLAN_DECODE_BALANCE: {value!r} is not 0 or 1")
+    return value == "1"
 
 
 def _num_sms(device: torch.device) -> int:

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from engine.decode_splits import num_splits_for_batch
+from engine.decode_splits import (
+    balance_programs,
+    grid_splits,
+    num_splits_for_batch,
+    split_unit,
+)
+from engine.decode_splits import (
+    longest_split_divisor as balanced_divisor,
+)
 from engine.scheduler import STEP_RECORD_COLUMNS
 from simulator.latency.base import BatchShape, LatencyModelBase, StepTime
 
@@ -154,25 +162,75 @@ class LinearFit:
 
 @dataclass(frozen=True)
 class SplitKV:
-    """A decode kernel that splits each sequence's KV over `num_splits` programs, chosen by batch size
-    as the engine's Triton split-KV kernel does (`engine.decode_splits`): its longest program reads
-    about max_seq_len / num_splits tokens. Per TP rank: kv heads of one rank, SMs of one GPU."""
+    """A decode kernel that splits each sequence's KV over programs as the engine's Triton split-KV
+    kernel does (`engine.decode_splits`): its longest program reads about max_seq_len / splits
+    tokens. Per TP rank: kv heads of one rank, SMs of one GPU. Not `balanced` (engines before
+    session 10): every sequence takes the batch size's splits. `balanced`: the longest sequence
+    takes as many as keep its splits near an even share of the step's keys (pages of `block_size`)."""
 
     num_kv_heads: int
     num_sms: int
+    block_size: int = 0
+    balanced: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_kv_heads", "num_sms"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"split_kv.{name}: must be a positive integer, got {value!r}")
+        if not isinstance(self.balanced, bool):
+            raise ValueError(f"split_kv.balanced: must be true or false, got {self.balanced!r}")
+        size = self.block_size
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or (self.balanced and not size):
+            raise ValueError(f"split_kv.block_size: must be a positive integer when balanced, got {size!r}")
 
     def num_splits(self, padded_batch_size: int) -> int:
         return num_splits_for_batch(padded_batch_size, self.num_kv_heads, self.num_sms)
 
+    def divisor(self, padded_batch_size: int, num_context_tokens: int, max_seq_len: int) -> int:
+        """Splits of the longest sequence of a decode step (balanced or not)."""
+        if not self.balanced:
+            return self.num_splits(padded_batch_size)
+        return balanced_divisor(
+            padded_batch_size,
+            num_context_tokens,
+            max_seq_len,
+            self.num_kv_heads,
+            self.num_sms,
+            self.block_size,
+        )
+
+    def divisors(
+        self, padded_batch_size: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
+    ) -> np.ndarray:
+        """`divisor` over int64 arrays of steps at one padded batch size, in the same integer arithmetic."""
+        if not self.balanced:
+            return np.full(len(max_seq_len), self.num_splits(padded_batch_size), dtype=np.int64)
+        unit, heads = split_unit(self.block_size), self.num_kv_heads
+        units = np.maximum(-(-max_seq_len // unit), 1)
+        grid_size = grid_splits(padded_batch_size, heads, self.num_sms)
+        grid = np.minimum(grid_size, units)  # choose_num_splits
+        balance = balance_programs(self.num_sms, True, grid_size)
+        if balance:
+            per_program = -(-(num_context_tokens + padded_batch_size) * heads // balance)
+            target = np.maximum(-(-per_program // unit), 1)
+        else:  # target_split_units: 1
+            target = np.ones_like(units)
+        wanted = np.minimum(grid, -(-units // target))
+        per_split = -(-units // wanted)
+        return -(-units // per_split)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The profile's field: {num_kv_heads, num_sms}, and block_size and balanced when balanced."""
+        out: dict[str, Any] = {"num_kv_heads": self.num_kv_heads, "num_sms": self.num_sms}
+        if self.balanced:
+            out |= {"block_size": self.block_size, "balanced": True}
+        return out
+
 
 def longest_split_divisor(split_kv: SplitKV | None, padded_batch_size: int) -> int:
-    """What max_seq_len is divided by for the longest_split feature: the kernel's splits, else 1."""
+    """What max_seq_len is divided by for the longest_split feature when splits depend on the batch
+    size only: the kernel's splits, else 1."""
     return split_kv.num_splits(padded_batch_size) if split_kv is not None else 1
 
 
@@ -268,6 +326,9 @@ class FittedModel(LatencyModelBase):
         self._p = tuple(float(c) for c in prefill.coefficients)
         # padded batch -> (c0 + c6 [b > 1] + c1 * b, c3 + c4 * b + c5 / splits)
         self._decode_coefs: dict[int, tuple[float, float]] = {}
+        # balanced split-KV: the longest sequence's splits depend on the step's keys, not just b
+        self._balanced = split_kv is not None and split_kv.balanced
+        self._length_coefs: dict[tuple[int, int], float] = {}  # (b, splits) -> c3 + c4 * b + c5 / splits
 
     def _coefs(self, b: int) -> tuple[float, float]:
         """(the decode time of no tokens, the time per token of max_seq_len) at padded batch size `b`,
@@ -277,6 +338,16 @@ class FittedModel(LatencyModelBase):
             length = self._d3 + self._d4 * b + self._d5 / longest_split_divisor(self.split_kv, b)
             coefs = self._decode_coefs[b] = (self._intercept(b) + self._d1 * b, length)
         return coefs
+
+    def _length_coef(self, b: int, num_context_tokens: int, max_seq_len: int) -> float:
+        """The time per token of max_seq_len at padded batch size `b`: memoised per (b, splits)."""
+        if not self._balanced:
+            return self._coefs(b)[1]
+        splits = self.split_kv.divisor(b, num_context_tokens, max_seq_len)
+        coef = self._length_coefs.get((b, splits))
+        if coef is None:
+            coef = self._length_coefs[(b, splits)] = self._d3 + self._d4 * b + self._d5 / splits
+        return coef
 
     def _intercept(self, b: int) -> float:
         return self._d0 + self._d6 if b > 1 else self._d0
@@ -292,6 +363,8 @@ class FittedModel(LatencyModelBase):
             else:
                 b = (b + 15) // 16 * 16
         base, length_coef = self._coefs(b)
+        if self._balanced:
+            length_coef = self._length_coef(b, num_context_tokens, max_seq_len)
         t = base + self._d2 * num_context_tokens + length_coef * max_seq_len
         return t if t > self._decode_floor else self._decode_floor
 
@@ -306,7 +379,12 @@ class FittedModel(LatencyModelBase):
     ) -> list[float]:
         """The reference loop with `decode_step_time` inlined: the same float operations in the same
         order ((c0(b) + d1*b) + d2*ctx) + length_coef(b)*len, without a call a step. The host floor is
-        left out where it cannot bind: the first step is above it and later ones only grow."""
+        left out where it cannot bind: the first step is above it and later ones only grow. Balanced
+        split-KV models (the longest split changes within a run) take the reference loop."""
+        if self._balanced:
+            return super()._leading_decode_times(
+                num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
+            )
         b = graph_padded_batch_size(num_seqs, self._gmax)
         base, d3 = self._coefs(b)
         d2 = self._d2
@@ -332,6 +410,9 @@ class FittedModel(LatencyModelBase):
     ) -> np.ndarray:
         b = graph_padded_batch_size(num_seqs, self._gmax)
         base, length_coef = self._coefs(b)
+        if self._balanced:  # c3 + c4 * b + c5 / splits per step, as _length_coef adds them
+            splits = self.split_kv.divisors(b, num_context_tokens, max_seq_len)
+            length_coef = (self._d3 + self._d4 * b) + self._d5 / splits
         steps = num_context_tokens * self._d2
         # in place, in decode_step_time's order (a sum's two terms commute exactly)
         steps += base
@@ -344,7 +425,10 @@ class FittedModel(LatencyModelBase):
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int
     ) -> tuple[float, float, float, float]:
         b = graph_padded_batch_size(num_seqs, self._gmax)
-        attention = self._d2 * num_context_tokens + self._coefs(b)[1] * max_seq_len
+        attention = (
+            self._d2 * num_context_tokens
+            + self._length_coef(b, num_context_tokens, max_seq_len) * max_seq_len
+        )
         linear, overhead = self._d1 * b, self._intercept(b)
         below_floor = self._decode_floor - (overhead + linear + attention)
         return (linear, attention, 0.0, overhead + below_floor if below_floor > 0.0 else overhead)
@@ -432,7 +516,14 @@ def decode_features(
     n = frame["num_seqs"].to_numpy(dtype=np.int64)
     padded_sizes = [graph_padded_batch_size(int(v), max_graph_batch_size) for v in n]
     padded = np.array(padded_sizes, dtype=np.float64)
-    splits = np.array([longest_split_divisor(split_kv, b) for b in padded_sizes], dtype=np.float64)
+    if split_kv is not None and split_kv.balanced:
+        ctx, lengths = (frame[c].to_numpy(dtype=np.int64) for c in ("num_context_tokens", "max_seq_len"))
+        splits = np.array(
+            [split_kv.divisor(b, int(c), int(m)) for b, c, m in zip(padded_sizes, ctx, lengths)],
+            dtype=np.float64,
+        )
+    else:
+        splits = np.array([longest_split_divisor(split_kv, b) for b in padded_sizes], dtype=np.float64)
     max_seq_len = frame["max_seq_len"].to_numpy(dtype=np.float64)
     return np.column_stack(
         [

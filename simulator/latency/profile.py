@@ -157,7 +157,9 @@ class LatencyProfile:
                     "coefficients": list(value.coefficients),
                     "fit_error": dataclasses.asdict(value.error) if value.error else None,
                 }
-            elif isinstance(value, (SplitKV, StepFloors)):
+            elif isinstance(value, SplitKV):
+                value = value.as_dict()
+            elif isinstance(value, StepFloors):
                 value = dataclasses.asdict(value)
             out[f.name] = value
         return out
@@ -345,9 +347,11 @@ def load_latency_model(
 
 
 def _split_kv_from_dict(value: Any, where: str) -> SplitKV:
-    if not isinstance(value, dict) or set(value) != {"num_kv_heads", "num_sms"}:
+    keys = {"num_kv_heads", "num_sms"}
+    if not isinstance(value, dict) or set(value) not in (keys, keys | {"block_size", "balanced"}):
         raise ValueError(
-            f"{where}: field 'split_kv' must be null or {{num_kv_heads, num_sms}}, got {value!r}"
+            f"{where}: field 'split_kv' must be null, {{num_kv_heads, num_sms}} or "
+            f"{{num_kv_heads, num_sms, block_size, balanced}}, got {value!r}"
         )
     try:
         return SplitKV(**value)

@@ -45,7 +45,7 @@ for name, case in torch.load(sys.argv[1]).items():
             b, h, d = call["q"].shape
             out = torch.full_like(call["q"], float("nan"))
             workspace = td.make_workspace(b, h, d, call["num_splits"], "cpu")
-        got = td.paged_decode_attention(*args, out=out, workspace=workspace)
+        got = td.paged_decode_attention(*args, out=out, workspace=workspace, balance=call.get("balance", 0))
         outs.append((got.clone(), got is out))
     results[name] = outs
 torch.save(results, sys.argv[2])
@@ -87,7 +87,7 @@ def _contexts(block_size: int) -> list[int]:
     return [max(1, block_size // 2 - 3), block_size, 3 * block_size + 7, 1]
 
 
-def _case(step, splits, reuse=False):
+def _case(step, splits, balance=0):
     """(what the worker runs, the expected outputs) for one decode step at each split count."""
     q, k_cache, v_cache, k, v, md = step
     call = dict(
@@ -95,7 +95,7 @@ def _case(step, splits, reuse=False):
         context_lens=md.context_lens, scale=q.shape[-1] ** -0.5,
     )  # fmt: skip
     ref = _reference(q, k_cache, v_cache, k, v, md)
-    return [{**call, "num_splits": s} for s in splits], [ref] * len(splits)
+    return [{**call, "num_splits": s, "balance": balance} for s in splits], [ref] * len(splits)
 
 
 def _build_cases() -> dict[str, tuple[dict, list[torch.Tensor]]]:
@@ -120,9 +120,22 @@ def _build_cases() -> dict[str, tuple[dict, list[torch.Tensor]]]:
         calls += c
         refs += r
     cases["fixed-buffers"] = ({"calls": calls, "reuse": True}, refs)
+    # balanced: one long sequence among short ones uses several splits, the short ones one each
+    # (written without the merge); balance 1 leaves every sequence one split, a large one all four
+    skewed = _decode_step([900, 20, 64, 3, 130, 65], 16, 4, 2, 64, torch.float32, seed=5)
+    for balance in (1, 24, 10_000):
+        calls, refs = _case(skewed, [4, 7], balance)
+        cases[f"balanced-{balance}"] = ({"calls": calls, "reuse": False}, refs)
+    calls, refs = [], []  # balanced over fixed buffers: which rows merge changes between calls
+    for contexts, seed in (([700, 9, 5], 0), ([3, 5, 1300], 1), ([64, 64, 64], 2)):
+        c, r = _case(_decode_step(contexts, 16, 4, 2, 64, torch.float32, seed), [4], balance=16)
+        calls += c
+        refs += r
+    cases["balanced-fixed-buffers"] = ({"calls": calls, "reuse": True}, refs)
     step = _decode_step([20, 5], 16, 4, 2, 64, torch.float32)  # a row without keys: zeros
     empty = {**_case(step, [1])[0][0], "context_lens": torch.tensor([0, 5], dtype=torch.int32)}
-    cases["no-keys"] = ({"calls": [empty, {**empty, "num_splits": 4}], "reuse": False}, None)
+    calls = [empty, {**empty, "num_splits": 4}, {**empty, "num_splits": 4, "balance": 8}]
+    cases["no-keys"] = ({"calls": calls, "reuse": False}, None)
     return cases
 
 
@@ -175,10 +188,12 @@ class _Recorder:
 
     def __call__(self, q, *args, **kwargs):
         self.calls.append(args)
+        self.kwargs = kwargs
         return (torch.zeros_like(q), None) if self.pair else torch.zeros_like(q)
 
 
-def test_fa4_backend_routes_decode_to_triton():
+def test_fa4_backend_routes_decode_to_triton(monkeypatch):
+    monkeypatch.delenv("KVPLAN_DECODE_BALANCE", raising=False)
     varlen, decode = _Recorder(pair=True), _Recorder(pair=False)
     backend = FlashAttnCuteBackend(varlen_fn=varlen, decode_kernel="triton", decode_fn=decode)
     assert backend.decode_kernel == "triton" and backend.name == "flash_attn_cute"
@@ -188,6 +203,7 @@ def test_fa4_backend_routes_decode_to_triton():
     k_arg, v_arg, tables, lens, scale, splits = decode.calls[0]
     assert k_arg is k_cache and v_arg is v_cache and tables is md.block_tables and lens is md.context_lens
     assert scale == 0.125 and splits == choose_num_splits(3, 2, 70, 16) == 2
+    assert decode.kwargs == {"balance": 0}  # 3 rows: a grid of 32 splits, which all sequences use
     prefill = AttentionMetadata(**{**md.__dict__, "max_seqlen_q": 2})  # not a decode step: FA4
     backend.forward(q, k, v, k_cache, v_cache, prefill, 0.125)
     assert len(varlen.calls) == 1 and len(decode.calls) == 1
@@ -206,3 +222,68 @@ def test_fa4_backend_decode_kernel_choice(monkeypatch):
     assert FlashAttnCuteBackend(varlen_fn=varlen, decode_fn=_Recorder(False)).decode_kernel == "fa4"
     with pytest.raises(ValueError, match="not one of"):
         FlashAttnCuteBackend(varlen_fn=varlen, decode_kernel="cuda")
+
+
+def test_fa4_backend_decode_balance_switch(monkeypatch):
+    """KVPLAN_DECODE_BALANCE=0: the grid of the batch-size policy alone and no balancing; 64
+    sequences of 8 kv heads take 1 split then, 4 balanced (decode_splits.MIN_GRID_SPLITS)."""
+    q, k_cache, v_cache, k, v, md = _decode_step([700] * 64, 16, 8, 8, 64, torch.float32)
+    for value, splits, balance in (("0", 1, 0), ("1", 4, 8 * 132)):
+        monkeypatch.setenv("KVPLAN_DECODE_BALANCE", value)
+        decode = _Recorder(pair=False)
+        backend = FlashAttnCuteBackend(
+            varlen_fn=_Recorder(pair=True), decode_kernel="triton", decode_fn=decode
+        )
+        backend.forward(q, k, v, k_cache, v_cache, md, 0.125)
+        assert decode.calls[0][5] == splits and decode.kwargs == {"balance": balance}
+    monkeypatch.setenv("KVPLAN_DECODE_BALANCE", "yes")
+    with pytest.raises(ValueError, match="KVPLAN_DECODE_BALANCE: 'yes' is not 0 or 1"):
+        FlashAttnCuteBackend(
+            varlen_fn=_Recorder(pair=True), decode_kernel="triton", decode_fn=_Recorder(False)
+        )
+
+
+@pytest.mark.gpu
+def test_balanced_decode_on_gpu_bf16_in_a_graph():
+    """On the GPU in bf16, replayed from one CUDA graph over fixed buffers as a decode step runs: a
+    skewed batch of 96 (one sequence 40x the others' median), then new contexts in the same
+    buffers, balanced as the engine launches it, equals the fp32 torch reference within bf16."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    lengths = [[160 + 7 * i for i in range(95)] + [6400], [3000] + [40 + i for i in range(95)]]
+    steps = [_decode_step(c, 16, 16, 8, 128, bf16, seed=i) for i, c in enumerate(lengths)]
+    num_blocks = max(s[1].shape[0] for s in steps)
+    k_cache = torch.zeros(num_blocks, 16, 8, 128, dtype=bf16, device=dev)
+    v_cache = torch.zeros_like(k_cache)
+    q = torch.zeros(96, 16, 128, dtype=bf16, device=dev)
+    tables = torch.zeros(96, max(s[-1].block_tables.shape[1] for s in steps), dtype=torch.int32, device=dev)
+    lens = torch.zeros(96, dtype=torch.int32, device=dev)
+    splits = choose_num_splits(96, 8, 16384, 16, balanced=True)
+    balance = triton_decode.balance_programs(132)
+    out = torch.empty_like(q)
+    workspace = triton_decode.make_workspace(96, 16, 128, splits, dev)
+
+    def run():
+        triton_decode.paged_decode_attention(
+            q, k_cache, v_cache, tables, lens, 128**-0.5, splits, out, workspace, balance=balance
+        )
+
+    run()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for step in steps:
+        sq, sk, sv, k, v, md = step
+        k_cache.zero_()
+        v_cache.zero_()
+        k_cache[: sk.shape[0]].copy_(sk)
+        v_cache[: sv.shape[0]].copy_(sv)
+        q.copy_(sq)
+        tables.zero_()
+        tables[:, : md.block_tables.shape[1]].copy_(md.block_tables)
+        lens.copy_(md.context_lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = _reference(sq, sk, sv, k, v, md)
+        torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2)

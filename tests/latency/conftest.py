@@ -161,6 +161,7 @@ def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
     )
 
     split_kv = SplitKV(**SPLIT_KV_FIELDS)
+    balanced = SplitKV(**SPLIT_KV_FIELDS, block_size=16, balanced=True)
     fitted = fit_step_records(records, max_num_seqs=GMAX, split_kv=split_kv)
     # host floors that bind: decode steps of small batches and short sequences run at 2.7 ms
     floors = StepFloors(decode=2.7e-3, prefill=4e-3, mixed=3.5e-3)
@@ -175,4 +176,20 @@ def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
         "fitted-floored": FittedModel(fitted.decode, fitted.prefill, GMAX, split_kv=split_kv, floors=floors),
         "fitted-eager": fit_step_records(records.assign(graph_batch_size=0), split_kv=split_kv),
         "fitted-no-split": fit_step_records(records, max_num_seqs=GMAX),
+        # balanced splits (the engine since session 10): the longest split changes within a run
+        "fitted-balanced": FittedModel(
+            _with_longest_split(fitted.decode), fitted.prefill, GMAX, split_kv=balanced
+        ),
+        "fitted-balanced-floored": FittedModel(
+            _with_longest_split(fitted.decode), fitted.prefill, GMAX, split_kv=balanced, floors=floors
+        ),
     }
+
+
+def _with_longest_split(decode):
+    """`decode` with a longest_split coefficient of at least 2e-7 s a token (so that it shows)."""
+    from simulator.latency import LinearFit
+
+    coefs = list(decode.coefficients)
+    coefs[5] = max(coefs[5], 2e-7)
+    return LinearFit(decode.features, tuple(coefs))

@@ -24,7 +24,7 @@ from simulator.latency import (
     max_graph_batch_size,
 )
 from simulator.latency.base import predict_frame
-from simulator.latency.fitted import nnls
+from simulator.latency.fitted import decode_features, nnls
 
 
 def test_graph_batch_sizes_match_the_engine() -> None:
@@ -189,6 +189,30 @@ def test_longest_split_follows_the_kernels_split_policy(make_records, truth) -> 
     assert fit_step_records(records, max_num_seqs=truth.gmax).decode.coefficients[5] == 0.0
     with pytest.raises(ValueError, match=r"split_kv.num_sms: must be a positive integer, got 0"):
         SplitKV(8, 0)
+
+
+def test_balanced_longest_split_exact_values() -> None:
+    """Balanced splits (engine.decode_splits.longest_split_divisor): the longest sequence's splits
+    depend on the step's keys. 96 rows over 114,000 keys: the longest of 6,360 takes 4, one of 900
+    takes 2; at batch 1 a 256-token sequence takes its 4 units; over 300 rows (grid 4) 4 again."""
+    pre = LinearFit(PREFILL_FEATURES, (1e-3,) * 6)
+    dec = LinearFit(DECODE_FEATURES, (0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0))
+    model = FittedModel(dec, pre, max_graph_batch_size=512, split_kv=SplitKV(8, 132, 16, balanced=True))
+    got = [
+        model.decode_step_time(n, c, m)
+        for n, c, m in ((96, 114_000, 6360), (96, 114_000, 900), (1, 255, 256))
+    ]
+    assert got == [6360 / 4, 900 / 2, 256 / 4]
+    assert model.decode_step_time(300, 300_000, 9000) == 9000 / 4
+    assert model.decode_step_time(300, 300_000, 1000) == 1000.0  # under its share of the keys: one split
+    frame = pd.DataFrame(
+        {"num_seqs": [96, 1], "num_context_tokens": [114_000, 255], "max_seq_len": [6360, 256]}
+    )
+    assert decode_features(frame, 512, SplitKV(8, 132, 16, balanced=True))[:, 5].tolist() == [1590.0, 64.0]
+    with pytest.raises(
+        ValueError, match=r"split_kv.block_size: must be a positive integer when balanced, got 0"
+    ):
+        SplitKV(8, 132, balanced=True)
 
 
 def test_feature_lists_are_checked() -> None:

@@ -15,6 +15,7 @@ from simulator.latency import (
     LatencyProfile,
     RooflineEfficiency,
     RooflineModel,
+    SplitKV,
     StepShape,
     fit_profile,
     load_latency_model,
@@ -66,6 +67,10 @@ def test_round_trip_is_exact(profile: LatencyProfile, tmp_path) -> None:
         assert a.decode_step_time(n, ctx, max_len).hex() == b.decode_step_time(n, ctx, max_len).hex()
     shape = StepShape("mixed", 10, 2, 2008, 2000, 50_000, 4000, 1.5e6)
     assert a.predict(shape) == b.predict(shape)
+    balanced = dataclasses.replace(profile, split_kv=SplitKV(8, 132, 16, balanced=True))
+    raw = json.loads(balanced.save(tmp_path / "b.json").read_text())
+    assert raw["split_kv"] == {"num_kv_heads": 8, "num_sms": 132, "block_size": 16, "balanced": True}
+    assert LatencyProfile.load(tmp_path / "b.json") == balanced
 
 
 def test_mismatch_lists_every_difference(profile: LatencyProfile) -> None:
@@ -120,7 +125,7 @@ def test_bad_files_name_the_file(profile: LatencyProfile, tmp_path) -> None:
         ({"format": "other"}, "not a latency profile"),
         ({"decode": {"features": ["const"], "coefficients": [1.0]}}, "decode fit features"),
         ({"prefill": {"features": ["const"]}}, "field 'prefill' is malformed"),
-        ({"split_kv": {"num_kv_heads": 8}}, "field 'split_kv' must be null or"),
+        ({"split_kv": {"num_kv_heads": 8}}, "field 'split_kv' must be null, {num_kv_heads, num_sms} or"),
         ({"split_kv": {"num_kv_heads": 8, "num_sms": -1}}, "split_kv.num_sms: must be a positive integer"),
         ({"floors": {"decode": 1e-3, "warmup": 1.0}}, "field 'floors' must be null or seconds by step kind"),
         ({"floors": {"mixed": -1.0}}, "floors.mixed: must be a finite time >= 0 s"),
