@@ -25,13 +25,15 @@ DECODE_STEPS = 40
 
 @dataclass(frozen=True)
 class Workload:
-    kind: str  # "decode" | "decode_spread" | "prefill" | "prefill_cached" | "mixed"
+    kind: str  # "decode" | "decode_spread" | "decode_serving" | "prefill" | "prefill_cached" | "mixed"
     num_seqs: int
-    prompt_len: int  # spread prompts: the longest (the others spread geometrically down to `shortest`)
+    prompt_len: int  # spread prompts: the longest (the others spread geometrically down to `shortest`);
+    # decode_serving: the prompts' total (lognormal lengths, `serving_lengths`)
     max_tokens: int
     shared_prefix_len: int = 0
     chunk_len: int = 0  # mixed: prompt length of the requests that join the running decodes
     shortest: int = 0  # > 0: prompts spread geometrically from this to prompt_len (decode_spread, mixed)
+    longest: int = 0  # decode_serving: no prompt longer
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ def full_cache_workloads(limits: SweepLimits) -> list[Workload]:
     """Serving near saturation: decode batches (and, chunked, mixed steps) whose spread lengths fill
     the cache but for room to decode (`fill_shortest`): ~90 % less a block and the steps' tokens per
     sequence."""
-    out = []
+    out = serving_workloads(limits)
     for longest in (2048, 4096, 8192):
         for b in (64, 96, 128, 160, 192, 256):
             if b > limits.max_num_seqs or longest + DECODE_STEPS >= limits.max_model_len:
@@ -110,6 +112,27 @@ def full_cache_workloads(limits: SweepLimits) -> list[Workload]:
                     if n <= limits.max_num_batched_tokens:
                         out.append(Workload("mixed", b, longest, 32, chunk_len=n, shortest=shortest))
     return out
+
+
+def serving_workloads(limits: SweepLimits) -> list[Workload]:
+    """Decode batches as serving near saturation runs them: lengths drawn as conversations' are
+    (`serving_lengths`), filling ~96 % of the cache but for room to decode. Their steps cost more
+    per token than the geometric spreads' at the same totals (docs/PERF.md, session 10)."""
+    out = []
+    for b in (64, 96, 128, 160, 192):
+        budget = int(0.96 * limits.kv_tokens) - b * (DECODE_STEPS + limits.block_size)
+        longest = min(8192, limits.max_model_len - DECODE_STEPS - 1)
+        if b <= limits.max_num_seqs and b * 64 <= budget <= b * longest:
+            out.append(Workload("decode_serving", b, budget, DECODE_STEPS, longest=longest))
+    return out
+
+
+def serving_lengths(num_seqs: int, total: int, longest: int, rng: np.random.Generator) -> list[int]:
+    """`num_seqs` lognormal lengths (median 900 tokens, sigma 0.9: the shipped conversation traces'
+    shape) scaled to sum to about `total`, each in [16, longest]."""
+    x = np.clip(rng.lognormal(np.log(900), 0.9, num_seqs), 16, None)
+    x = np.clip(x * total / x.sum(), 16, longest)
+    return [int(v) for v in np.clip(np.round(x * total / x.sum()), 16, longest)]
 
 
 def fill_shortest(num_seqs: int, longest: int, budget: int, floor: int = 16) -> int | None:
@@ -137,7 +160,9 @@ def spread_lengths(num_seqs: int, longest: int, shortest: int = 128) -> list[int
 
 def _prompts(rng: np.random.Generator, w: Workload, vocab: int) -> list[list[int]]:
     prefix = rng.integers(0, vocab, w.shared_prefix_len).tolist()
-    if w.shortest:
+    if w.kind == "decode_serving":
+        lengths = serving_lengths(w.num_seqs, w.prompt_len, w.longest, rng)
+    elif w.shortest:
         lengths = spread_lengths(w.num_seqs, w.prompt_len, w.shortest)
     else:
         lengths = [w.prompt_len] * w.num_seqs

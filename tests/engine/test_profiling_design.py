@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from engine.profiling import SweepLimits, design, fill_shortest, full_cache_workloads, spread_lengths
+import numpy as np
+
+from engine.profiling import (
+    SweepLimits,
+    design,
+    fill_shortest,
+    full_cache_workloads,
+    serving_lengths,
+    spread_lengths,
+)
 
 
 def test_spread_lengths_are_geometric():
@@ -29,6 +38,9 @@ def test_full_cache_workloads_fill_the_cache_with_spread_lengths():
     planned = [(w.kind, w.num_seqs, w.prompt_len, w.shortest, w.chunk_len)
                for w in full_cache_workloads(SweepLimits(256, 8192, 16384, 131072, "chunked", 16))]  # fmt: skip
     assert planned == [
+        ("decode_serving", 64, 122245, 0, 0), ("decode_serving", 96, 120453, 0, 0),
+        ("decode_serving", 128, 118661, 0, 0), ("decode_serving", 160, 116869, 0, 0),
+        ("decode_serving", 192, 115077, 0, 0),
         ("decode_spread", 64, 2048, 1549, 0), ("decode_spread", 96, 2048, 589, 0),
         ("decode_spread", 128, 2048, 257, 0), ("decode_spread", 160, 2048, 119, 0),
         ("decode_spread", 192, 2048, 56, 0), ("decode_spread", 64, 4096, 561, 0),
@@ -37,14 +49,15 @@ def test_full_cache_workloads_fill_the_cache_with_spread_lengths():
         ("mixed", 128, 4096, 35, 512), ("mixed", 128, 4096, 35, 2048),
         ("decode_spread", 64, 8192, 79, 0),
     ]  # fmt: skip
-    for w in full_cache_workloads(SweepLimits(256, 8192, 16384, 131072, "chunked", 16)):
+    for w in full_cache_workloads(SweepLimits(256, 8192, 16384, 131072, "chunked", 16))[5:]:
         budget = int(0.9 * 131072) - w.num_seqs * (40 + 16)
         total = sum(spread_lengths(w.num_seqs, w.prompt_len, w.shortest))
         assert total <= budget < sum(spread_lengths(w.num_seqs, w.prompt_len, w.shortest + 1))
-    assert len(design(SweepLimits(256, 8192, 16384, 131072, "chunked", 16))) == 107
+    assert len(design(SweepLimits(256, 8192, 16384, 131072, "chunked", 16))) == 112
     # prefill_first plans no mixed steps; a batch limit of 64 keeps only batches of 64
     assert {w.kind for w in full_cache_workloads(SweepLimits(256, 8192, 16384, 131072, "prefill_first"))} == {
-        "decode_spread"
+        "decode_serving",
+        "decode_spread",
     }
     assert {w.num_seqs for w in full_cache_workloads(SweepLimits(64, 8192, 16384, 131072, "chunked"))} == {64}
 
@@ -53,3 +66,14 @@ def test_fill_shortest_edges():
     assert fill_shortest(4, 1000, 10_000) is None  # even uniform 1,000-token prompts leave room
     assert fill_shortest(256, 8192, 50_000) is None  # 16..8192 over 256 prompts is already too much
     assert fill_shortest(5, 2048, 3968) == 128  # exactly 128 + 256 + 512 + 1024 + 2048
+
+
+def test_serving_lengths_fill_their_total_within_bounds():
+    """Lognormal lengths scaled to the workload's total: within 16..longest, summing to the total
+    within rounding (a clipped draw may fall short)."""
+    rng = np.random.default_rng(0)
+    for b, total in ((64, 122245), (192, 115077)):
+        lengths = serving_lengths(b, total, 8192, rng)
+        assert len(lengths) == b and min(lengths) >= 16 and max(lengths) <= 8192
+        assert abs(sum(lengths) - total) <= b
+        assert max(lengths) > 3 * np.median(lengths)  # skewed as conversations are
