@@ -1,12 +1,11 @@
 """The shipped H200 replays, re-simulated with the shipped profiles, stay where docs/PERF.md says.
 
-Two engine builds are shipped with Qwen3-0.6B replays: decode through FlashAttention-4 (session 1,
-`_fa4decode`: 13 of 14 targets met) and the current engine (session 9: one-row decode through the
-fused Triton GEMV with its weight prefetch, Triton split-KV decode, the KV store fused into q/k norm +
-rotary, PDL, piecewise CUDA graphs for prefill and mixed steps; at block 16 two light windows, x5 and
-x8 twice, at block 256 light and x8 twice; Qwen3-8B light and x3). What each meets and misses is
-pinned here so that a change shows either way, and explained in docs/PERF.md. The current engine's
-profiles carry host floors per step kind; the `_fa4decode` profile has none (fitted before them)."""
+Three engine builds are shipped with replays: decode through FlashAttention-4 (session 1,
+`_fa4decode`: 13 of 14 targets met), the session-9 engine (Qwen3-8B light and x3), and the current
+one (session 10: the Triton split-KV decode kernel balances its splits; Qwen3-0.6B at block 16 light,
+lightb, x5, x8 twice, x10 on two machines and x12, at block 256 light, x10 and x12). What each meets
+and misses is pinned here so that a change shows either way, and explained in docs/PERF.md. The
+current profiles carry host floors per step kind; the `_fa4decode` profile has none."""
 
 from pathlib import Path
 
@@ -42,54 +41,70 @@ THROUGHPUT = {"throughput_rps", "output_tok_s"}
 
 
 @pytest.mark.parametrize(
-    "run,expected_misses",
+    "run,expected_misses,throughput",
     [
-        ("bs16_light", {"tpot_mean_s", "ttft_p50_s", "ttft_p99_s"}),
-        ("bs16_lightb", {"ttft_p50_s"}),
-        ("bs16_mid", EVERY_LATENCY),
-        ("bs16_heavy", EVERY_LATENCY),
-        ("bs16_heavyb", EVERY_LATENCY | THROUGHPUT),
-        ("bs256_light", {"tpot_mean_s", "e2e_p99_s"}),
-        ("bs256_heavy", EVERY_LATENCY | THROUGHPUT),
-        ("bs256_heavyb", EVERY_LATENCY),
+        ("bs16_light", {"tpot_mean_s", "e2e_p50_s", "ttft_p50_s", "ttft_p99_s"}, (-0.01, 0.01)),
+        ("bs16_lightb", set(), (-0.01, 0.01)),
+        ("bs16_mid", {"tpot_mean_s", "e2e_p50_s", "e2e_p99_s"}, (-0.01, 0.01)),
+        ("bs16_x8", {"tpot_mean_s"}, (-0.01, 0.01)),
+        ("bs16_x8b", {"ttft_p99_s"}, (-0.01, 0.01)),
+        ("bs16_x10", {"e2e_p50_s", "ttft_p99_s"}, (0.01, 0.02)),
+        ("bs16_x10b", EVERY_LATENCY | THROUGHPUT, (0.09, 0.10)),
+        ("bs16_x12", EVERY_LATENCY | THROUGHPUT, (0.09, 0.10)),
+        ("bs256_light", {"tpot_mean_s", "e2e_p50_s"}, (-0.01, 0.01)),
+        ("bs256_x10", EVERY_LATENCY | THROUGHPUT, (0.05, 0.06)),
+        ("bs256_x12", EVERY_LATENCY | THROUGHPUT, (0.04, 0.05)),
     ],
 )
-def test_current_engine_replays(run, expected_misses):
-    """The current engine, session 9: each block size's replays served in one device call right after
-    that call's sweep; the shipped profiles fit the sweeps of two calls on two machines (sessions 8
-    and 9, 27k steps each). The simulation is faster than these replays: their decode steps took
-    2-5 % longer than the profile predicts (summed; lightb's 3.6 % less), and near saturation (x8)
-    queueing turns that into TTFT p50 -37 % (block 16) and -63..-68 % (block 256). Light load: TTFT p50 -23 % and -12 %
-    at block 16 (small mixed steps, summed -27 % and -7 %), -6 % at block 256. docs/PERF.md has
-    the tables, the other profiles tried and the other machines' replays."""
+def test_current_engine_replays(run, expected_misses, throughput):
+    """The current engine, session 10. Each block size's profile comes from one device call (its
+    sweep, with serving-like full-cache decode batches), whose own process then served light and
+    x10; lightb, x5 and x8 (twice) were served in another call on another machine, x10b and x12 in a
+    third (on that machine). Near saturation the simulation is faster than the real runs of other
+    calls: their decode steps took ~7-10 % longer than the profile's process's (summed), and queueing
+    makes that TTFT p50 -34 to -44 %; the x10 served beside the sweep meets 5 of 7. At block 256 the
+    sweep's fullest decode batches stay below serving's ~118k cached tokens (room for a 256-token
+    page per sequence): x10 -9 % on decode steps. docs/PERF.md has the tables."""
     block = run.split("_")[0]
     v, table = errors(f"h200_qwen3-0.6b_{run}", f"qwen3-0.6b_h200_tp1_{block}.json")
     assert misses(table) == expected_misses, table
-    assert abs(table.loc["throughput_rps", "rel_error"]) < 0.04, table  # -0.1 .. +3.4 % measured
-    assert v.steps is not None and v.steps["residual"].abs().median() < 0.08  # 3.9-6.9 % measured
+    assert throughput[0] < table.loc["throughput_rps", "rel_error"] < throughput[1], table
+    assert v.steps is not None and v.steps["residual"].abs().median() < 0.11  # 3.4-10.5 % measured
 
 
-@pytest.mark.parametrize("block,ttft_p50", [(16, (0.0, 0.03)), (256, (-0.16, -0.14))])
-def test_the_real_run_again_next_to_the_simulated_one(block, ttft_p50):
-    """x8 served twice in one process (`--repeat`): at block 16 the two real runs agree within 3 %
-    on every latency target while the simulation misses TTFT p50 by -37 %; at block 256 they differ
-    by 15 % on TTFT p50 (0.76 and 0.65 s), still far inside the simulation's -68 %."""
-    run = RUNS / f"h200_qwen3-0.6b_bs{block}_heavy"
-    v = validate_run(run, PROFILES / f"qwen3-0.6b_h200_tp1_bs{block}.json", RUNS / f"{run.name}b")
-    table = v.table.set_index("metric")
-    assert ttft_p50[0] < table.loc["ttft_p50_s", "repeat_error"] < ttft_p50[1], table
-    assert abs(table.loc["tpot_mean_s", "repeat_error"]) < 0.01, table
+def test_the_real_run_again_next_to_the_simulated_one():
+    """The real engine's own spread beside the simulator's miss (`--repeat`). x8 twice in one process:
+    TTFT p50 -6.5 % apart, the simulation +2.6 % off the first. The same 10x window on two machines
+    (x10 beside the profile's sweep, x10b in another call): TTFT p50 +70 % apart (0.95 and 1.62 s),
+    the simulation -5 % off x10, so its misses on x10b and x12 are that spread, not the fit's."""
+    x8 = validate_run(
+        RUNS / "h200_qwen3-0.6b_bs16_x8",
+        PROFILES / "qwen3-0.6b_h200_tp1_bs16.json",
+        RUNS / "h200_qwen3-0.6b_bs16_x8b",
+    )
+    table = x8.table.set_index("metric")
+    assert -0.07 < table.loc["ttft_p50_s", "repeat_error"] < -0.06, table
+    assert 0.02 < table.loc["ttft_p50_s", "rel_error"] < 0.03, table
+    x10 = validate_run(
+        RUNS / "h200_qwen3-0.6b_bs16_x10",
+        PROFILES / "qwen3-0.6b_h200_tp1_bs16.json",
+        RUNS / "h200_qwen3-0.6b_bs16_x10b",
+    )
+    table = x10.table.set_index("metric")
+    assert 0.69 < table.loc["ttft_p50_s", "repeat_error"] < 0.71, table
     sim_error, real_spread = table.loc["ttft_p50_s", ["rel_error", "repeat_error"]].abs()
-    assert sim_error > 3 * real_spread, table  # the miss is the simulator's, not the real run's draw
+    assert real_spread > 10 * sim_error, table
 
 
 def test_one_row_decode_is_fitted_apart():
     """One-row decode steps take the fused GEMV path (~0.5 ms faster than the linear trend of larger
-    batches): the multi_row feature carries that step in both current 0.6B profiles."""
+    batches): the multi_row feature carries that step in both current 0.6B profiles, which split
+    decode KV as the balanced kernel does."""
     for block in (16, 256):
         model = LatencyProfile.load(PROFILES / f"qwen3-0.6b_h200_tp1_bs{block}.json").to_latency_model()
         coefficient = model.decode.as_dict()["multi_row"]
-        assert 4e-4 < coefficient < 6e-4, (block, coefficient)  # 0.51 and 0.49 ms
+        assert 4e-4 < coefficient < 6e-4, (block, coefficient)  # 0.53 and 0.51 ms
+        assert model.split_kv is not None and model.split_kv.balanced
         assert model.decode_step_time(2, 200, 101) - model.decode_step_time(1, 100, 101) > 4e-4
 
 
@@ -97,7 +112,8 @@ def test_one_row_decode_is_fitted_apart():
     "load,ttft_p99", [("light", (-0.03, 0.0)), ("x3", (0.06, 0.09))]
 )  # fmt: skip
 def test_qwen3_8b_replays(load, ttft_p99):
-    """Qwen3-8B, block 16, profile and replays from one calibration call (session 9): light load and
+    """Qwen3-8B, block 16, profile and replays from one calibration call (session 9, before the
+    balanced decode splits: its profile's split_kv is the batch-size policy): light load and
     x3 (past saturation: 125 preemptions, TTFT p50 2.6 s) meet every target; the 8B steps are
     GPU-bound (a one-row decode step takes ~5.3 ms), so the host's phases blur them far less than the
     0.6B's."""
