@@ -116,11 +116,12 @@ def full_cache_workloads(limits: SweepLimits) -> list[Workload]:
 
 def serving_workloads(limits: SweepLimits) -> list[Workload]:
     """Decode batches as serving near saturation runs them: lengths drawn as conversations' are
-    (`serving_lengths`), filling ~96 % of the cache but for room to decode. Their steps cost more
+    (`serving_lengths`), filling ~96 % of the cache's blocks with room to decode: the steps' tokens
+    and, on average, half a block per sequence (its last block's unused part). Their steps cost more
     per token than the geometric spreads' at the same totals (docs/PERF.md, session 10)."""
     out = []
     for b in (64, 96, 128, 160, 192):
-        budget = int(0.96 * limits.kv_tokens) - b * (DECODE_STEPS + limits.block_size)
+        budget = int(0.96 * limits.kv_tokens) - b * (DECODE_STEPS + limits.block_size // 2)
         longest = min(8192, limits.max_model_len - DECODE_STEPS - 1)
         if b <= limits.max_num_seqs and b * 64 <= budget <= b * longest:
             out.append(Workload("decode_serving", b, budget, DECODE_STEPS, longest=longest))

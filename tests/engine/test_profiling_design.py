@@ -38,9 +38,9 @@ def test_full_cache_workloads_fill_the_cache_with_spread_lengths():
     planned = [(w.kind, w.num_seqs, w.prompt_len, w.shortest, w.chunk_len)
                for w in full_cache_workloads(SweepLimits(256, 8192, 16384, 131072, "chunked", 16))]  # fmt: skip
     assert planned == [
-        ("decode_serving", 64, 122245, 0, 0), ("decode_serving", 96, 120453, 0, 0),
-        ("decode_serving", 128, 118661, 0, 0), ("decode_serving", 160, 116869, 0, 0),
-        ("decode_serving", 192, 115077, 0, 0),
+        ("decode_serving", 64, 122757, 0, 0), ("decode_serving", 96, 121221, 0, 0),
+        ("decode_serving", 128, 119685, 0, 0), ("decode_serving", 160, 118149, 0, 0),
+        ("decode_serving", 192, 116613, 0, 0),
         ("decode_spread", 64, 2048, 1549, 0), ("decode_spread", 96, 2048, 589, 0),
         ("decode_spread", 128, 2048, 257, 0), ("decode_spread", 160, 2048, 119, 0),
         ("decode_spread", 192, 2048, 56, 0), ("decode_spread", 64, 4096, 561, 0),
@@ -72,8 +72,21 @@ def test_serving_lengths_fill_their_total_within_bounds():
     """Lognormal lengths scaled to the workload's total: within 16..longest, summing to the total
     within rounding (a clipped draw may fall short)."""
     rng = np.random.default_rng(0)
-    for b, total in ((64, 122245), (192, 115077)):
+    for b, total in ((64, 122757), (192, 116613)):
         lengths = serving_lengths(b, total, 8192, rng)
         assert len(lengths) == b and min(lengths) >= 16 and max(lengths) <= 8192
         assert abs(sum(lengths) - total) <= b
         assert max(lengths) > 3 * np.median(lengths)  # skewed as conversations are
+
+
+def test_serving_batches_fit_the_cache_at_large_pages():
+    """At block 256 a serving batch leaves half a page a sequence of room: ~110k of 131k tokens at
+    96 sequences, and its blocks (each sequence's tokens and its 40 decode steps, rounded up to
+    pages) stay within the cache for any draw."""
+    limits = SweepLimits(256, 8192, 16384, 131072, "chunked", 256)
+    planned = {w.num_seqs: w.prompt_len for w in full_cache_workloads(limits) if w.kind == "decode_serving"}
+    assert planned == {64: 115077, 96: 109701, 128: 104325, 160: 98949, 192: 93573}
+    for seed in range(20):
+        for b, total in planned.items():
+            lengths = serving_lengths(b, total, 8192, np.random.default_rng(seed))
+            assert sum(-(-(n + 40) // 256) for n in lengths) <= 512
