@@ -171,10 +171,14 @@ class LLM:
         """Which kernels this engine runs where there is a choice (recorded with profiles and replays):
         the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends), the per-token
         layers' ("triton" / "compile" / "torch"), how prefill/mixed steps run ("piecewise" CUDA
-        graphs or "eager"), whether decode steps are scheduled asynchronously, and whether small
-        Triton launches use programmatic dependent launch (engine/layers/pdl.py)."""
+        graphs or "eager"), whether the Triton decode kernel balances its splits (None where it does
+        not run), whether decode steps are scheduled asynchronously, and whether small Triton
+        launches use programmatic dependent launch (engine/layers/pdl.py)."""
+        backend = self.runner.backend
+        decode_kernel = getattr(backend, "decode_kernel", None)
         return {
-            "decode_kernel": getattr(self.runner.backend, "decode_kernel", None),
+            "decode_kernel": decode_kernel,
+            "decode_balanced": backend.decode_balanced if decode_kernel == "triton" else None,
             "layer_kernels": self.runner.layer_impl,
             "prefill_graphs": "piecewise" if self.runner.piecewise is not None else "eager",
             "async_scheduling": self.async_scheduling,

@@ -64,6 +64,7 @@ def test_eager_and_graph_flags_on_cpu(checkpoints):
     with llm:
         assert llm.kernel_choices() == {
             "decode_kernel": None,
+            "decode_balanced": None,
             "layer_kernels": "torch",
             "prefill_graphs": "eager",
             "async_scheduling": False,
