@@ -329,6 +329,7 @@ class FittedModel(LatencyModelBase):
         # balanced split-KV: the longest sequence's splits depend on the step's keys, not just b
         self._balanced = split_kv is not None and split_kv.balanced
         self._length_coefs: dict[tuple[int, int], float] = {}  # (b, splits) -> c3 + c4 * b + c5 / splits
+        self._split_consts: dict[int, tuple[int, int, int, int]] = {}  # b -> (grid, balance, unit, heads)
 
     def _coefs(self, b: int) -> tuple[float, float]:
         """(the decode time of no tokens, the time per token of max_seq_len) at padded batch size `b`,
@@ -343,11 +344,38 @@ class FittedModel(LatencyModelBase):
         """The time per token of max_seq_len at padded batch size `b`: memoised per (b, splits)."""
         if not self._balanced:
             return self._coefs(b)[1]
-        splits = self.split_kv.divisor(b, num_context_tokens, max_seq_len)
+        splits = self._splits(b, num_context_tokens, max_seq_len)
         coef = self._length_coefs.get((b, splits))
         if coef is None:
             coef = self._length_coefs[(b, splits)] = self._d3 + self._d4 * b + self._d5 / splits
         return coef
+
+    def _splits(self, b: int, num_context_tokens: int, max_seq_len: int) -> int:
+        """`split_kv.divisor(b, ...)` of a balanced model in plain integer arithmetic, with the
+        padded batch's constants memoised: this runs once a decode step (the tests compare them)."""
+        consts = self._split_consts.get(b)
+        if consts is None:
+            kv = self.split_kv
+            grid = grid_splits(b, kv.num_kv_heads, kv.num_sms)
+            consts = (
+                grid,
+                balance_programs(kv.num_sms, True, grid),
+                split_unit(kv.block_size),
+                kv.num_kv_heads,
+            )
+            self._split_consts[b] = consts
+        grid, balance, unit, heads = consts
+        units = (max_seq_len + unit - 1) // unit or 1
+        if units < grid:
+            grid = units
+        wanted = grid
+        if balance:
+            target = (((num_context_tokens + b) * heads + balance - 1) // balance + unit - 1) // unit or 1
+            wanted = (units + target - 1) // target
+            if wanted > grid:
+                wanted = grid
+        per_split = (units + wanted - 1) // wanted
+        return (units + per_split - 1) // per_split
 
     def _intercept(self, b: int) -> float:
         return self._d0 + self._d6 if b > 1 else self._d0
@@ -380,9 +408,9 @@ class FittedModel(LatencyModelBase):
         """The reference loop with `decode_step_time` inlined: the same float operations in the same
         order ((c0(b) + d1*b) + d2*ctx) + length_coef(b)*len, without a call a step. The host floor is
         left out where it cannot bind: the first step is above it and later ones only grow. Balanced
-        split-KV models (the longest split changes within a run) take the reference loop."""
+        split-KV models (the longest split changes within a run) recompute it every step."""
         if self._balanced:
-            return super()._leading_decode_times(
+            return self._balanced_leading_decode_times(
                 num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
             )
         b = graph_padded_batch_size(num_seqs, self._gmax)
@@ -403,6 +431,38 @@ class FittedModel(LatencyModelBase):
             append(t)
             ctx += step
             length += 1.0
+        return times
+
+    def _balanced_leading_decode_times(
+        self,
+        num_seqs: int,
+        num_context_tokens: int,
+        max_seq_len: int,
+        max_steps: int,
+        start: float,
+        deadline: float,
+    ) -> list[float]:
+        """`_leading_decode_times` of a balanced model: decode_step_time's operations a step, its
+        length coefficient looked up by the step's splits, the floor applied as it applies it."""
+        b = graph_padded_batch_size(num_seqs, self._gmax)
+        base = self._coefs(b)[0]
+        d2, floor, coefs, length_coef = self._d2, self._decode_floor, self._length_coefs, self._length_coef
+        splits = self._splits
+        ctx, length = num_context_tokens, max_seq_len
+        times = [start]
+        append = times.append
+        t = start
+        for _ in range(max_steps):
+            if t >= deadline:
+                break
+            coef = coefs.get((b, splits(b, ctx, length)))
+            if coef is None:
+                coef = length_coef(b, ctx, length)
+            s = base + d2 * ctx + coef * length
+            t = t + (s if s > floor else floor)
+            append(t)
+            ctx += num_seqs
+            length += 1
         return times
 
     def _decode_step_array(

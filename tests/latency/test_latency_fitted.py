@@ -7,6 +7,8 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.latency import (
     DECODE_FEATURES,
@@ -373,3 +375,23 @@ def test_step_floors_are_checked_and_no_floors_predicts_as_before(records: pd.Da
     shapes.append(StepShape("mixed", 10, 2, 2008, 2000, 50_000, 4000, 1.5e6))
     for shape in shapes:
         assert zero.predict(shape) == fit.predict(shape)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    b=st.sampled_from([1, 2, 4, 8, 16, 32, 48, 96, 128, 256, 512]),
+    ctx=st.integers(0, 3_000_000),
+    max_len=st.integers(1, 200_000),
+    heads=st.sampled_from([1, 2, 8, 32]),
+    sms=st.sampled_from([66, 132]),
+    block=st.sampled_from([16, 64, 256]),
+)
+def test_balanced_model_splits_follow_the_engines_rule(b, ctx, max_len, heads, sms, block) -> None:
+    """The fitted model's inlined split count (its hot path) is engine.decode_splits' rule, as
+    SplitKV.divisor and the vectorised SplitKV.divisors give it."""
+    split_kv = SplitKV(heads, sms, block, balanced=True)
+    pre = LinearFit(PREFILL_FEATURES, (1e-3,) * 6)
+    model = FittedModel(LinearFit(DECODE_FEATURES, (0.0,) * 7), pre, 512, split_kv=split_kv)
+    expected = split_kv.divisor(b, ctx, max_len)
+    assert model._splits(b, ctx, max_len) == expected
+    assert split_kv.divisors(b, np.array([ctx]), np.array([max_len])).tolist() == [expected]
