@@ -6,8 +6,12 @@ block tables (contiguous, as after a prefix-cache reset, or scattered: the free 
 lengths (the sweep's geometric spread, or a serving-like lognormal draw of the same sum), the
 decode graph's padding (96 sequences in the 96 graph, or 100 in the 112 graph), and what ran
 before (nothing, or a heavy replay: a hot GPU and tables fragmented by serving). Prints medians.
+It found the lengths (session 10: one split per sequence at large batches); KVPLAN_DECODE_BALANCE=0
+runs the kernel as it was before its splits were balanced.
 
     PYTHONPATH=. python3 benchmarks/diag_decode_tables.py [--out DIR] [--replay 600:660@8]
+    python benchmarks/diag_decode_tables.py --preset tiny --device cpu --shrink 64 --max-model-len 4096 \
+        --replay 600:603@1  # a dry run on CPU
 """
 
 from __future__ import annotations
