@@ -410,9 +410,8 @@ class FittedModel(LatencyModelBase):
         left out where it cannot bind: the first step is above it and later ones only grow. Balanced
         split-KV models (the longest split changes within a run) recompute it every step."""
         if self._balanced:
-            return self._balanced_leading_decode_times(
-                num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
-            )
+            run = (num_seqs, num_context_tokens, max_seq_len)
+            return _balanced_decode_times(self, run, max_steps, start, deadline)
         b = graph_padded_batch_size(num_seqs, self._gmax)
         base, d3 = self._coefs(b)
         d2 = self._d2
@@ -431,38 +430,6 @@ class FittedModel(LatencyModelBase):
             append(t)
             ctx += step
             length += 1.0
-        return times
-
-    def _balanced_leading_decode_times(
-        self,
-        num_seqs: int,
-        num_context_tokens: int,
-        max_seq_len: int,
-        max_steps: int,
-        start: float,
-        deadline: float,
-    ) -> list[float]:
-        """`_leading_decode_times` of a balanced model: decode_step_time's operations a step, its
-        length coefficient looked up by the step's splits, the floor applied as it applies it."""
-        b = graph_padded_batch_size(num_seqs, self._gmax)
-        base = self._coefs(b)[0]
-        d2, floor, coefs, length_coef = self._d2, self._decode_floor, self._length_coefs, self._length_coef
-        splits = self._splits
-        ctx, length = num_context_tokens, max_seq_len
-        times = [start]
-        append = times.append
-        t = start
-        for _ in range(max_steps):
-            if t >= deadline:
-                break
-            coef = coefs.get((b, splits(b, ctx, length)))
-            if coef is None:
-                coef = length_coef(b, ctx, length)
-            s = base + d2 * ctx + coef * length
-            t = t + (s if s > floor else floor)
-            append(t)
-            ctx += num_seqs
-            length += 1
         return times
 
     def _decode_step_array(
@@ -503,6 +470,34 @@ class FittedModel(LatencyModelBase):
         if total < floor:  # host-bound: the time below the floor is host overhead
             return StepTime(linear, attention, 0.0, overhead + (floor - total), floor)
         return StepTime(linear, attention, 0.0, overhead, total)
+
+
+def _balanced_decode_times(
+    model: FittedModel, run: tuple[int, int, int], max_steps: int, start: float, deadline: float
+) -> list[float]:
+    """`FittedModel._leading_decode_times` of a balanced model, `run` = (num_seqs, num_context_tokens,
+    max_seq_len): decode_step_time's operations a step, its length coefficient looked up by the
+    step's splits, the floor applied as it applies it."""
+    num_seqs, ctx, length = run
+    b = graph_padded_batch_size(num_seqs, model._gmax)
+    base = model._coefs(b)[0]
+    d2, floor, coefs, length_coef = model._d2, model._decode_floor, model._length_coefs, model._length_coef
+    splits = model._splits
+    times = [start]
+    append = times.append
+    t = start
+    for _ in range(max_steps):
+        if t >= deadline:
+            break
+        coef = coefs.get((b, splits(b, ctx, length)))
+        if coef is None:
+            coef = length_coef(b, ctx, length)
+        s = base + d2 * ctx + coef * length
+        t = t + (s if s > floor else floor)
+        append(t)
+        ctx += num_seqs
+        length += 1
+    return times
 
 
 def _floored_decode_times(
