@@ -44,7 +44,8 @@ def sweep_lengths(num_seqs: int = 96, longest: int = 4096) -> list[int]:
 
 def serving_lengths(num_seqs: int, total: int, seed: int = 1) -> list[int]:
     """A lognormal draw (median ~900, as the trace's conversations) scaled to sum to about `total`,
-    at most 6,500 tokens each, in random order."""
+    clipped to 6,500 tokens before the last rescale (so a few may end slightly above), in random
+    order. Kept as measured in session 10; the sweep's `engine.profiling.serving_lengths` clips last."""
     rng = np.random.default_rng(seed)
     x = np.clip(rng.lognormal(np.log(900), 0.9, num_seqs), 16, None)
     x = np.clip(x * total / x.sum(), 16, 6500)

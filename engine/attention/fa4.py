@@ -19,6 +19,7 @@ import torch
 
 from engine.attention.backend import AttentionBackend, module_available
 from engine.attention.metadata import AttentionMetadata
+from engine.layers.pdl import env_switch
 
 
 class FlashAttnCuteBackend(AttentionBackend):
@@ -47,7 +48,7 @@ class FlashAttnCuteBackend(AttentionBackend):
 
             self._triton = triton_decode
             self.decode_fn = decode_fn or triton_decode.paged_decode_attention
-        self.decode_balanced = _decode_balanced()
+        self.decode_balanced = env_switch("KVPLAN_DECODE_BALANCE")  # 1 (default): balanced splits
         self._num_sms: int | None = None
 
     @staticmethod
@@ -155,14 +156,6 @@ def _resolve_decode_kernel(decode_kernel: str | None, injected: bool) -> str:
     if choice == "triton" and not (injected or module_available("triton")):
         raise ValueError("decode_kernel 'triton': the triton package is not installed")
     return choice
-
-
-def _decode_balanced() -> bool:
-    """$KVPLAN_DECODE_BALANCE: 1 (default) balances the Triton decode kernel's splits, 0 does not."""
-    value = os.environ.get("KVPLAN_DECODE_BALANCE", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"KVPLAN_DECODE_BALANCE: {value!r} is not 0 or 1")
-    return value == "1"
 
 
 def _num_sms(device: torch.device) -> int:
