@@ -55,6 +55,7 @@ class _InFlight:
     positions: list[int]
     finished: list[Sequence]
     graph_batch_size: int  # the runner's, as it launched the step (it has launched another since)
+    overlapped: bool = False  # scheduled and launched while the step before it still ran
 
 
 class LLM:
@@ -250,7 +251,7 @@ class LLM:
             tokens, _ = self.runner.launch(batch, timer, prev.tokens[: batch.num_seqs])
             values = self.runner.stage_tokens(tokens)
             finished = self._land(prev)
-            self._defer(batch, tokens, values, timer, t0)
+            self._defer(batch, tokens, values, timer, t0, overlapped=True)
             self.num_async_steps += 1
             return finished
         return self._land(prev) + self._step(t0, batch)
@@ -287,9 +288,11 @@ class LLM:
         wall: float,
         allreduce_s: float = math.nan,
         graph_batch_size: int | None = None,
+        overlapped: bool = False,
     ) -> None:
         """One step record; `graph_batch_size` (default: the runner's last) of a deferred step. (A
-        deferred step is a decode: its graph_num_tokens, the runner's last, is 0 whatever ran since.)"""
+        deferred step is a decode: its graph_num_tokens, the runner's last, is 0 whatever ran since.)
+        `overlapped`: launched while the step before it ran (see `step`)."""
         if graph_batch_size is None:
             graph_batch_size = self.runner.last_graph_batch_size
         compiled = False
@@ -305,6 +308,7 @@ class LLM:
             allreduce_s,
             start_s=start,
             graph_num_tokens=self.runner.last_graph_num_tokens,
+            overlapped=overlapped,
         )
 
     # ---- async scheduling -----------------------------------------------------------------------
@@ -330,9 +334,12 @@ class LLM:
             and all(a is b for a, b in zip(seqs, prev_seqs))
         )
 
-    def _defer(self, batch: ScheduledBatch, tokens: Any, values: Any, timer: Any, t0: float) -> None:
+    def _defer(
+        self, batch: ScheduledBatch, tokens: Any, values: Any, timer: Any, t0: float, overlapped: bool = False
+    ) -> None:
         """Postprocess a launched decode step on placeholder tokens, stamped with a time that
-        `_land` replaces by the time its tokens reach the host."""
+        `_land` replaces by the time its tokens reach the host. `overlapped`: it was scheduled and
+        launched while the step before it still ran."""
         positions = [len(seq.token_ids) for seq in batch.seqs]
         self._stamp = stamp = time.perf_counter()
         try:
@@ -340,7 +347,9 @@ class LLM:
         finally:
             self._stamp = None
         graph_bs = self.runner.last_graph_batch_size
-        self._inflight = _InFlight(batch, tokens, values, timer, t0, stamp, positions, finished, graph_bs)
+        self._inflight = _InFlight(
+            batch, tokens, values, timer, t0, stamp, positions, finished, graph_bs, overlapped
+        )
 
     def _land(self, prev: _InFlight) -> list[Sequence]:
         """Wait for `prev`'s tokens; put them and their time in place of the placeholders; record
@@ -360,7 +369,14 @@ class LLM:
         start = max(prev.t0, self._last_ready)  # launched while the step before it still ran
         self._last_ready = ready
         if self.recorder is not None:
-            self._record(prev.batch, prev.timer, start, ready - start, graph_batch_size=prev.graph_batch_size)
+            self._record(
+                prev.batch,
+                prev.timer,
+                start,
+                ready - start,
+                graph_batch_size=prev.graph_batch_size,
+                overlapped=prev.overlapped,
+            )
         return prev.finished
 
     def _run(self, batch, timer, allreduce: AllReduceTimer | None) -> list[int]:

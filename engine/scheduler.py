@@ -48,6 +48,7 @@ STEP_RECORD_COLUMNS = (
     "allreduce_time_s",
     "idle_before_s",
     "graph_num_tokens",
+    "overlapped",
 )
 
 

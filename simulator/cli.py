@@ -21,15 +21,22 @@ _PLUGINS = ("traces.cli", "simulator.plan_cli", "engine.cli", "dashboard.cli")
 _OPTIONAL_DEPS = {"torch", "transformers", "safetensors", "streamlit", "plotly", "ray", "simpy", "yaml"}
 
 
-def default_profile(model: str, gpu: str, block_size: int, tp: int) -> Path | None:
-    """The shipped fitted profile for this model, GPU (any of its names), block size and TP, if any."""
+def default_profile(
+    model: str, gpu: str, block_size: int, tp: int, async_scheduling: bool = False
+) -> Path | None:
+    """The shipped fitted profile for this model, GPU (any of its names), block size and TP, if any.
+    With `async_scheduling`, the one calibrated on an engine scheduling asynchronously (`..._async`)
+    where there is one, else the synchronous engine's."""
     from simulator.latency.gpus import canonical_gpu_name, get_gpu
     from simulator.run import SHIPPED_PROFILE_DIR
 
-    for name in dict.fromkeys([gpu, canonical_gpu_name(gpu), *get_gpu(gpu).aliases]):
-        path = SHIPPED_PROFILE_DIR / f"{model.lower()}_{name.lower()}_tp{tp}_bs{block_size}.json"
-        if path.is_file():
-            return path
+    suffixes = ("_async", "") if async_scheduling else ("",)
+    for suffix in suffixes:
+        for name in dict.fromkeys([gpu, canonical_gpu_name(gpu), *get_gpu(gpu).aliases]):
+            stem = f"{model.lower()}_{name.lower()}_tp{tp}_bs{block_size}{suffix}"
+            path = SHIPPED_PROFILE_DIR / f"{stem}.json"
+            if path.is_file():
+                return path
     return None
 
 
@@ -71,6 +78,7 @@ def sim_config_from_args(args: argparse.Namespace):
         max_model_len=args.max_model_len,
         policy=args.policy,
         router=args.router,
+        async_scheduling=getattr(args, "async_scheduling", False),
     )
 
 
@@ -78,7 +86,8 @@ def resolve_profile(args: argparse.Namespace) -> Path | None:
     if args.profile == "roofline":
         return None
     if args.profile == "auto":
-        return default_profile(args.model, args.gpu, args.block_size, args.tp)
+        async_scheduling = getattr(args, "async_scheduling", False)
+        return default_profile(args.model, args.gpu, args.block_size, args.tp, async_scheduling)
     path = Path(args.profile)
     if not path.is_file():
         raise ValueError(f"--profile: {path} does not exist")
@@ -219,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", default=None, help="folder for requests/timeline Parquet and summary JSON")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     add_sim_arguments(sim)
+    sim.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="the engine schedules each decode step while the one before it runs (kvplan replay "
+        "--async-scheduling); with --profile auto, the shipped profile calibrated so where there is one",
+    )
     sim.set_defaults(func=cmd_simulate)
     val = sub.add_parser(
         "validate", help="simulate a real replay's trace and configuration; report the errors"

@@ -40,6 +40,10 @@ class SimConfig:
     router: str = "round_robin"
     fast_forward: bool = True
     timeline_interval_s: float = 1.0
+    # The engine's async scheduling (`LLM(async_scheduling=True)`): a decode step is scheduled while
+    # the one before it runs, so requests that arrive meanwhile wait one step more, and decode steps
+    # scheduled ahead cost only what the latency model's overlapped view says (sim.py).
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         check_tp(self.model, self.tensor_parallel_size)
@@ -47,6 +51,10 @@ class SimConfig:
             raise ValueError(f"SimConfig.num_replicas: must be a positive integer, got {self.num_replicas}")
         if self.router not in ROUTERS:
             raise ValueError(f"SimConfig.router: {self.router!r} is not one of {list(ROUTERS)}")
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(
+                f"SimConfig.async_scheduling: must be true or false, got {self.async_scheduling!r}"
+            )
         if self.timeline_interval_s < 0:
             raise ValueError(f"SimConfig.timeline_interval_s: must be >= 0, got {self.timeline_interval_s}")
         self.scheduler_config()  # validates the batch limits and the policy

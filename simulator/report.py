@@ -24,7 +24,9 @@ def format_summary(s: dict) -> str:
         f"config: {cfg.get('model')} on {cfg.get('num_replicas')} x {cfg.get('gpu')} (tp={cfg.get('tensor_parallel_size')}), "
         f"block {cfg.get('block_size')}, {s.get('num_kv_blocks_per_replica', '?'):,} KV blocks/replica, "
         f"max_num_seqs {cfg.get('max_num_seqs')}, max_num_batched_tokens {cfg.get('max_num_batched_tokens')}, "
-        f"{cfg.get('policy')}, router {cfg.get('router')}, latency {s.get('latency_model')}",
+        f"{cfg.get('policy')}, router {cfg.get('router')}, "
+        + ("async scheduling, " if cfg.get("async_scheduling") else "")
+        + f"latency {s.get('latency_model')}",
         "",
         f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
     ]

@@ -97,6 +97,11 @@ def collect(run: SimRun, slo: SLO | None = None) -> SimResult:
         sim_wall_s=run.wall_s,
         sim_speedup=summary["duration_s"] / run.wall_s if run.wall_s else float("inf"),
         trace=run.trace_name,
+        **(
+            {"sim_overlapped_steps": sum(r.counters.num_overlapped_steps for r in run.replicas)}
+            if run.config.async_scheduling
+            else {}
+        ),
         config=config_dict(run.config),
         **run.extra,
     )

@@ -4,12 +4,24 @@ One arrival process replays a Trace through a router; one process per replica lo
 `schedule -> wait(latency) -> postprocess`, or collapses a run of decode-only steps with the
 scheduler's exact `fast_forward` (or, after a step, `postprocess_and_fast_forward`). A replica waits in SimPy only where it could meet an arrival (its
 steps that end earlier run back to back, landing on the same times). No scheduling logic lives here.
+
+With `SimConfig.async_scheduling` a replica follows the engine's async loop (engine/llm.py): a decode
+step is launched and the next one scheduled while it runs, so the scheduler sees the requests that
+had arrived when the step before started (later ones wait in the replica's inbox one step more), and
+a decode step scheduled while the one before it ran ("overlapped": the step before was a decode and
+no request waited) costs what the latency model's `overlapped_model()` says, without the host's time.
+Nor is a step overlapped after a step in which a request finished: the engine schedules ahead only a
+batch whose requests lead the last one's, in order (the simulation takes any finish as breaking that,
+though one of the last requests finishing does not). The engine also declines to schedule ahead where
+a decode fills a block that prefix caching hashes at once, or opens more blocks than are free; the
+simulation does not model those rare cases.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -45,7 +57,28 @@ class SimCounters:
     num_steps: int = 0
     num_fast_forwards: int = 0
     num_fast_forward_steps: int = 0
+    num_overlapped_steps: int = 0  # async scheduling: decode steps scheduled while the one before ran
     busy_s: float = 0.0
+
+
+class LaggedDecodeTimes:
+    """A run's decode step times under async scheduling: a request that arrives during a decode step
+    is seen only when the step after it ends (that one was scheduled before it arrived), so a run
+    that the next arrival would stop goes on one step past it. Keeps the times it returned last."""
+
+    __slots__ = ("decode_times", "times")
+
+    def __init__(self, decode_times) -> None:
+        self.decode_times = decode_times
+        self.times: list[float] = []
+
+    def __call__(self, num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline):
+        times = self.decode_times(num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline)
+        k = len(times) - 1
+        if k < max_steps:  # stopped by the deadline: the step starting at or after it runs too
+            times = self.decode_times(num_seqs, num_context_tokens, max_seq_len, k + 1, start, math.inf)
+        self.times = times
+        return times
 
 
 class Replica:
@@ -68,9 +101,16 @@ class Replica:
         self.index = index
         self.config = config
         self.latency = latency
-        self.decode_times = getattr(latency, "decode_step_times", None) or partial(
-            accumulate_decode_times, latency.decode_step_time
-        )
+        self.decode_times = _decode_times(latency)
+        self.async_scheduling = config.async_scheduling
+        overlapped = getattr(latency, "overlapped_model", None)
+        self.overlapped_latency = overlapped() if overlapped is not None else latency
+        # async: requests arrived but not yet seen by the scheduler, (arrival_s, id, prompt, output_len)
+        self.inbox: deque[tuple[float, int, list[int], int]] = deque()
+        self._deferred_start: float | None = None  # async: start of the last step, a deferred decode
+        self._chain_broken = False  # async: a request finished in the last step
+        self._lagged = LaggedDecodeTimes(self.decode_times)
+        self._lagged_overlapped = LaggedDecodeTimes(_decode_times(self.overlapped_latency))
         self.clock = 0.0  # exact simulated time of this replica; env.now follows it
         self.block_manager = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config(), self.block_manager, clock=self._now)
@@ -89,7 +129,35 @@ class Replica:
     def _now(self) -> float:
         return self.clock
 
-    def submit(self, request_id: int, prompt: list[int], output_len: int, arrival_s: float) -> Sequence:
+    def submit(
+        self, request_id: int, prompt: list[int], output_len: int, arrival_s: float
+    ) -> Sequence | None:
+        """Queue one request; its Sequence (None with async scheduling: it waits in the inbox until
+        the scheduler can see it)."""
+        if self.async_scheduling:
+            self.outstanding_tokens += len(prompt) + output_len
+            self.inbox.append((arrival_s, request_id, prompt, output_len))
+            seq = None
+        else:
+            seq = self._add(request_id, prompt, output_len, arrival_s)
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed(arrival_s)
+        return seq
+
+    def _admit(self, cutoff: float) -> None:
+        """Async scheduling: hand the scheduler the inbox's requests that arrived by `cutoff`."""
+        inbox = self.inbox
+        while inbox and inbox[0][0] <= cutoff:
+            arrival_s, request_id, prompt, output_len = inbox.popleft()
+            self.outstanding_tokens -= len(prompt) + output_len
+            self._add(request_id, prompt, output_len, arrival_s)
+
+    def _deadline(self) -> float:
+        """The time a run of decode steps must stop at: the next request the scheduler will see."""
+        inbox = self.inbox
+        return min(self.arrival.time, inbox[0][0]) if inbox else self.arrival.time
+
+    def _add(self, request_id: int, prompt: list[int], output_len: int, arrival_s: float) -> Sequence:
         params = self._params.get(output_len)
         if params is None:  # frozen: one per output length serves every request of that length
             params = self._params[output_len] = SamplingParams(max_tokens=output_len, ignore_eos=True)
@@ -99,18 +167,21 @@ class Replica:
             self._record(seq)
             return seq
         self.outstanding_tokens += seq.num_prompt_tokens + output_len
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed(arrival_s)
         return seq
 
     def run(self):
         env, sched = self.env, self.scheduler
         while True:
             if not sched.has_unfinished():
-                self._wakeup = env.event()
-                arrival_s = yield self._wakeup
-                self._wakeup = None
-                self.clock = max(self.clock, arrival_s)
+                if not self.inbox:
+                    self._wakeup = env.event()
+                    arrival_s = yield self._wakeup
+                    self._wakeup = None
+                    self.clock = max(self.clock, arrival_s)
+                if self.inbox:  # async: an idle engine sees every request that has arrived
+                    self.clock = max(self.clock, self.inbox[0][0])
+                    self._deferred_start = None
+                    self._admit(self.clock)
             yield from self._serve()
 
     def _serve(self):
@@ -127,16 +198,27 @@ class Replica:
         fast_forward = sched.fast_forward if self.config.fast_forward else None
         fuse = fast_forward is not None  # a step's postprocess and the run after it in one call
         arrival, chain, interval = self.arrival, self.chain_steps, self.config.timeline_interval_s
+        async_ = self.async_scheduling
+        latency, decode_times = self.latency, self.decode_times
         now, owed, segments = env.now, [], 0
         pending = None  # (steps, end, finished) of a run that a step's postprocess ran: the next segment
+        pending_overlapped = False  # async: that run's steps were scheduled ahead
         while pending is not None or sched.has_unfinished():
             start = self.clock
             batch, k = None, 0
+            if async_ and pending is None:
+                latency, decode_times = self._async_views(start)
             if pending is not None:
                 (k, end, finished), pending = pending, None
-            elif fast_forward is not None:
-                k, end, finished = fast_forward(self.decode_times, start, arrival.time, SIM_TOKEN_ID)
+                run_overlapped = pending_overlapped
+            elif fast_forward is not None and decode_times is not None:
+                k, end, finished = fast_forward(decode_times, start, self._deadline(), SIM_TOKEN_ID)
+                run_overlapped = decode_times is self._lagged_overlapped
+                if k and async_:
+                    self._deferred_start = decode_times.times[k - 1]
             if k:
+                if run_overlapped:
+                    counters.num_overlapped_steps += k
                 counters.num_fast_forwards += 1
                 counters.num_fast_forward_steps += k
                 counters.busy_s += end - start
@@ -151,8 +233,10 @@ class Replica:
                             f"replica {self.index}: the scheduler made no progress at t={self.clock}"
                         )
                     continue
-                step_s = self.latency.predict(batch).total
+                step_s = latency.predict(batch).total
                 end = start + step_s
+                if async_ and latency is not self.latency and batch.kind == "decode":
+                    counters.num_overlapped_steps += 1
             delay = max(0.0, end - now)
             now += delay
             owed.append(delay)
@@ -166,16 +250,22 @@ class Replica:
             else:
                 counters.num_steps += 1
                 counters.busy_s += step_s
+                run_times = self._run_after(batch, start) if async_ else self.decode_times
                 # with the run after the step where no timeline sample is due between them
-                if fuse and end - self._last_sample < interval:
+                if fuse and run_times is not None and end - self._last_sample < interval:
                     num, run_end, finished = sched.postprocess_and_fast_forward(
-                        batch, self.decode_times, arrival.time, SIM_TOKEN_ID
+                        batch, run_times, self._deadline(), SIM_TOKEN_ID
                     )
                     if num:
                         pending, finished = (num, run_end, finished), []
+                        pending_overlapped = run_times is self._lagged_overlapped
+                        if async_:
+                            self._deferred_start = run_times.times[num - 1]
                 else:
                     finished = sched.postprocess(batch, [SIM_TOKEN_ID] * batch.num_seqs)
                 self._finish_all(finished)
+            if async_:  # the engine schedules ahead only a batch that leads with the last one's requests
+                self._chain_broken = bool(finished)
             segments += 1
             # a timeline sample when one is due; the ITL's size every 256 steps and runs (binning
             # sooner or later gives the same integer counts)
@@ -183,6 +273,30 @@ class Replica:
                 self._sample()
         if owed:
             yield from self._wait(owed, now)
+
+    def _async_views(self, start: float):
+        """Async scheduling, before the segment starting at `start`: hand the scheduler the requests
+        it sees now; return (the latency model of a single step, the decode times of a run from
+        here, None where a run must not start here)."""
+        sched, deferred = self.scheduler, self._deferred_start
+        if self.inbox:  # what had arrived when this step's scheduling began
+            self._admit(start if deferred is None else deferred)
+        if sched.waiting:  # a request waits: the engine schedules after the step before has ended
+            return self.latency, self._lagged
+        if deferred is None or self._chain_broken:  # the next step pays the host: the step before
+            return self.latency, None  # was not a deferred decode, or some of its requests finished
+        return self.overlapped_latency, self._lagged_overlapped
+
+    def _run_after(self, batch, start: float):
+        """Async scheduling: the decode times of a run right after `batch` (which started at
+        `start`), or None where none may follow it in the same call. Notes whether it was deferred."""
+        if batch.kind != "decode":  # a prefill or mixed step runs synchronously
+            self._deferred_start = None
+            return None
+        self._deferred_start = start
+        if self.inbox and self.inbox[0][0] <= start:  # the next step's scheduler sees them first
+            return None
+        return self._lagged if self.scheduler.waiting else self._lagged_overlapped
 
     def _wait(self, delays: list[float], until: float):
         """Wait in SimPy until `until`, the time that waiting `delays` one after the other reaches:
@@ -217,6 +331,13 @@ class Replica:
             self.timeline.append(
                 (self.clock, self.index, self.block_manager.usage, s.num_running, s.num_waiting)
             )
+
+
+def _decode_times(latency):
+    """The latency model's decode-run times (`DecodeTimes`), or the reference loop over its steps."""
+    return getattr(latency, "decode_step_times", None) or partial(
+        accumulate_decode_times, latency.decode_step_time
+    )
 
 
 def batch_decisions(batch) -> tuple:

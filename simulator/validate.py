@@ -100,6 +100,7 @@ def sim_config_for(meta: dict) -> SimConfig:
             max_num_batched_tokens=int(meta["max_num_batched_tokens"]),
             max_model_len=int(meta["max_model_len"]),
             policy=meta["policy"],
+            async_scheduling=bool(meta.get("async_scheduling", False)),
         )
     except KeyError as e:
         raise ValueError(f"run.json: missing field {e.args[0]!r}") from None
@@ -131,10 +132,17 @@ def measured_column(steps: pd.DataFrame, latency=None) -> str:
 
 def step_residuals(steps: pd.DataFrame, latency) -> pd.DataFrame:
     """Real step records with the latency model's prediction and relative residual per step, against
-    the measured time the model predicts (`measured_column`)."""
+    the measured time the model predicts (`measured_column`). Steps the records mark `overlapped`
+    (async scheduling) are predicted by the model's overlapped view, where it has one."""
     df = steps.copy()
     target = measured_column(df, latency)
-    df["predicted_s"] = [latency.predict(StepShape.of(row)).total for row in df.itertuples(index=False)]
+    view = getattr(latency, "overlapped_model", None)
+    ahead = view() if view is not None else latency
+    overlapped = df["overlapped"].fillna(False).astype(bool) if "overlapped" in df else [False] * len(df)
+    df["predicted_s"] = [
+        (ahead if o else latency).predict(StepShape.of(row)).total
+        for row, o in zip(df.itertuples(index=False), overlapped)
+    ]
     df["measured_s"] = df[target]
     df["residual"] = (df["predicted_s"] - df["measured_s"]) / df["measured_s"]
     return df

@@ -38,6 +38,12 @@ DECODE_FEATURES = (
 # Profiles fitted before batch_x_max_seq_len, longest_split or multi_row existed load with their
 # coefficients 0.
 LEGACY_DECODE_FEATURES = (DECODE_FEATURES[:4], DECODE_FEATURES[:5], DECODE_FEATURES[:6])
+# Fits of records served with async scheduling, where some decode steps were scheduled while the one
+# before them ran (the step records' `overlapped`), add the host's time a step that was not pays:
+# `sync` (1 for such a step) and `sync_x_batch_size` (its padded batch size). Fits without them are
+# fits of synchronous engines: every step paid it, and the other coefficients hold it.
+SYNC_FEATURES = ("sync", "sync_x_batch_size")
+ASYNC_DECODE_FEATURES = DECODE_FEATURES + SYNC_FEATURES
 PREFILL_FEATURES = (
     "const",
     "total_num_scheduled_tokens",
@@ -295,13 +301,15 @@ class FittedModel(LatencyModelBase):
         profile: Any = None,
         split_kv: SplitKV | None = None,
         floors: StepFloors | None = None,
+        overlapped: bool = False,
     ) -> None:
         if tuple(decode.features) in LEGACY_DECODE_FEATURES:
             padding = (0.0,) * (len(DECODE_FEATURES) - len(decode.features))
             decode = LinearFit(DECODE_FEATURES, (*decode.coefficients, *padding), decode.error)
-        if tuple(decode.features) != DECODE_FEATURES:
+        if tuple(decode.features) not in (DECODE_FEATURES, ASYNC_DECODE_FEATURES):
             raise ValueError(
                 f"decode fit features {list(decode.features)} != expected {list(DECODE_FEATURES)}"
+                f" (or those and {list(SYNC_FEATURES)})"
             )
         if tuple(prefill.features) != PREFILL_FEATURES:
             raise ValueError(
@@ -320,9 +328,18 @@ class FittedModel(LatencyModelBase):
             (floors.decode, floors.prefill, floors.mixed) if floors is not None else (0.0, 0.0, 0.0)
         )
         self._gmax = max_graph_batch_size
-        self._d0, self._d1, self._d2, self._d3, self._d4, self._d5, self._d6 = (
-            float(c) for c in decode.coefficients
-        )
+        coefs = [float(c) for c in decode.coefficients]
+        self._d0, self._d1, self._d2, self._d3, self._d4, self._d5, self._d6 = coefs[:7]
+        self.sync_coefficients = (coefs[7], coefs[8]) if len(coefs) > 7 else (0.0, 0.0)
+        # `overlapped`: decode steps scheduled while the step before them ran (async scheduling), so
+        # the host's work for them is hidden. Otherwise (the default) they pay it, as every step of a
+        # synchronous engine does: the sync terms join the intercept and the batch-size term (adding
+        # 0.0 is exact: fits without them predict bit for bit as before).
+        self.overlapped = overlapped
+        if not overlapped:
+            self._d0 += self.sync_coefficients[0]
+            self._d1 += self.sync_coefficients[1]
+        self._overlapped_model: FittedModel | None = None
         self._p = tuple(float(c) for c in prefill.coefficients)
         # padded batch -> (c0 + c6 [b > 1] + c1 * b, c3 + c4 * b + c5 / splits)
         self._decode_coefs: dict[int, tuple[float, float]] = {}
@@ -379,6 +396,29 @@ class FittedModel(LatencyModelBase):
 
     def _intercept(self, b: int) -> float:
         return self._d0 + self._d6 if b > 1 else self._d0
+
+    @property
+    def has_sync_terms(self) -> bool:
+        """Whether the fit tells steps scheduled ahead from the others (records of async scheduling)."""
+        return self.sync_coefficients != (0.0, 0.0)
+
+    def overlapped_model(self) -> FittedModel:
+        """This model for decode steps scheduled while the step before them ran: without the sync
+        terms (the model itself when it has none, or is that model already)."""
+        if self.overlapped or not self.has_sync_terms:
+            return self
+        if self._overlapped_model is None:
+            self._overlapped_model = FittedModel(
+                self.decode,
+                self.prefill,
+                self.max_graph_batch_size,
+                self.summary,
+                self.profile,
+                self.split_kv,
+                self.floors,
+                overlapped=True,
+            )
+        return self._overlapped_model
 
     def __repr__(self) -> str:
         return f"FittedModel(decode={self.decode.as_dict()}, prefill={self.prefill.as_dict()}, floors={self.floors})"
@@ -591,6 +631,18 @@ def decode_features(
             (padded > 1).astype(np.float64),
         ]
     )
+
+
+def sync_features(frame: pd.DataFrame, padded: np.ndarray) -> np.ndarray | None:
+    """The SYNC_FEATURES columns of decode records (1 and the padded batch size where a step was not
+    `overlapped`, else 0), or None when the records cannot tell them apart: no `overlapped` column
+    (older records), or every step on one side (a synchronous engine)."""
+    if "overlapped" not in frame.columns:
+        return None
+    sync = (~frame["overlapped"].fillna(False).astype(bool)).to_numpy(dtype=np.float64)
+    if sync.all() or not sync.any():
+        return None
+    return np.column_stack([sync, sync * padded])
 
 
 def prefill_features(frame: pd.DataFrame) -> np.ndarray:
@@ -872,7 +924,11 @@ def fit_step_records(
         x_dec[:, 4] = 0.0  # records cannot tell b * max_seq_len from the context sum: leave it out
     if split_kv is None:
         x_dec[:, 5] = 0.0  # max_seq_len / 1 is max_seq_len: nothing to add
-    decode_fit = _fit_kind(x_dec, y[is_decode], DECODE_FEATURES, seed, holdout_fraction, "decode", loss)
+    features = DECODE_FEATURES
+    sync = sync_features(dec, x_dec[:, 1])
+    if sync is not None:
+        x_dec, features = np.column_stack([x_dec, sync]), ASYNC_DECODE_FEATURES
+    decode_fit = _fit_kind(x_dec, y[is_decode], features, seed, holdout_fraction, "decode", loss)
     x_pre = prefill_features(pre)
     prefill_fit = _fit_kind(
         x_pre, y[~is_decode], PREFILL_FEATURES, seed, holdout_fraction, "prefill/mixed", loss

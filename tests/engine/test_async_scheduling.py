@@ -54,6 +54,14 @@ def test_async_matches_hf_and_the_synchronous_loop(checkpoints, hf_greedy, opts)
         assert tokens == hf_greedy["qwen3"] == sync_tokens
         assert llm.num_async_steps > 0 and sync.num_async_steps == 0
         assert_same_run(llm, sync)
+        # a step scheduled while the one before it ran is recorded as overlapped: decodes only, never
+        # the first step after a prefill or mixed step (nothing ran while that one's successor was built)
+        steps = llm.recorder.to_dataframe()
+        overlapped = steps["overlapped"].to_numpy()
+        assert overlapped.sum() == llm.num_async_steps
+        assert (steps.loc[overlapped, "kind"] == "decode").all()
+        assert not (overlapped[1:] & (steps["kind"].to_numpy()[:-1] != "decode")).any()
+        assert not sync.recorder.to_dataframe()["overlapped"].any()
         if opts.get("block_size") == 4:
             assert llm.scheduler.num_preemptions > 0
 

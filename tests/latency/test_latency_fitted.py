@@ -395,3 +395,31 @@ def test_balanced_model_splits_follow_the_engines_rule(b, ctx, max_len, heads, s
     expected = split_kv.divisor(b, ctx, max_len)
     assert model._splits(b, ctx, max_len) == expected
     assert split_kv.divisors(b, np.array([ctx]), np.array([max_len])).tolist() == [expected]
+
+
+def test_records_of_async_scheduling_fit_the_host_time_of_steps_not_scheduled_ahead(
+    make_records, truth
+) -> None:
+    """Decode steps the records mark not `overlapped` took 0.5 ms + 4 us a padded row more: the fit
+    adds SYNC_FEATURES and recovers them; the overlapped view predicts the others. Records without
+    the column, or where every step is on one side, keep the seven features."""
+    from simulator.latency.fitted import ASYNC_DECODE_FEATURES
+
+    records = make_records(noise=0.0)
+    rng = np.random.default_rng(5)
+    decode = records["kind"] == "decode"
+    sync = decode & (rng.random(len(records)) < 0.3)
+    records["overlapped"] = decode & ~sync
+    records.loc[sync, "gpu_time_s"] += 5e-4 + 4e-6 * records.loc[sync, "graph_batch_size"]
+    fit = fit_step_records(records, max_num_seqs=truth.gmax, split_kv=truth.split_kv)
+    assert fit.decode.features == ASYNC_DECODE_FEATURES and fit.has_sync_terms
+    np.testing.assert_allclose(fit.decode.coefficients, (*truth.decode, 5e-4, 4e-6), rtol=1e-6)
+    assert fit.decode.error.median_rel_error < 1e-9
+    row = records[sync].iloc[0]
+    shape = (int(row["num_seqs"]), int(row["num_context_tokens"]), int(row["max_seq_len"]))
+    assert fit.decode_step_time(*shape) == pytest.approx(row["gpu_time_s"], rel=1e-9)
+    ahead = fit.overlapped_model().decode_step_time(*shape)
+    assert ahead == pytest.approx(row["gpu_time_s"] - 5e-4 - 4e-6 * row["graph_batch_size"], rel=1e-9)
+    for no_split in (records.drop(columns="overlapped"), records.assign(overlapped=False)):
+        plain = fit_step_records(no_split, max_num_seqs=truth.gmax, split_kv=truth.split_kv)
+        assert plain.decode.features == DECODE_FEATURES and not plain.has_sync_terms

@@ -203,3 +203,33 @@ def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
     ]
     assert main(argv) == 2
     assert "--split-kv: '8x132': expected KV_HEADS:SMS" in capsys.readouterr().err
+
+
+def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
+    """The shipped `_async` profile (records of an engine scheduling asynchronously, with `overlapped`
+    steps) refits bit for bit from its records, sync terms included, and loads into a model whose
+    overlapped view drops them; `default_profile` picks it for async scheduling where it exists."""
+    from simulator.cli import default_profile, main
+    from simulator.latency.fitted import ASYNC_DECODE_FEATURES
+    from simulator.run import SHIPPED_PROFILE_DIR
+
+    shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
+    records = SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs16_async.parquet"
+    out = tmp_path / "refit.json"
+    assert main(["fit", "--records", str(records), "--like", str(shipped), "--out", str(out)]) == 0
+    refit, original = LatencyProfile.load(out), LatencyProfile.load(shipped)
+    assert refit.decode.features == ASYNC_DECODE_FEATURES
+    assert refit.decode.coefficients == original.decode.coefficients and refit.floors == original.floors
+    model = original.to_latency_model()
+    sync, sync_per_row = model.sync_coefficients
+    assert 3e-4 < sync < 4e-4 and 4e-6 < sync_per_row < 5e-6  # 0.34 ms + 4.7 us a padded row
+    gap = model.decode_step_time(100, 120_000, 4000) - model.overlapped_model().decode_step_time(
+        100, 120_000, 4000
+    )
+    assert gap == pytest.approx(sync + sync_per_row * 112, rel=1e-9)
+    assert default_profile("qwen3-0.6b", "H200", 16, 1, async_scheduling=True) == shipped
+    assert (
+        default_profile("qwen3-0.6b", "H200", 16, 1) == SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16.json"
+    )
+    fallback = default_profile("qwen3-0.6b", "H200", 256, 1, async_scheduling=True)
+    assert fallback == SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"
