@@ -193,6 +193,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     records = pd.read_parquet(args.records)
     like = LatencyProfile.load(args.like)
+    extra = {**like.extra, "records": Path(args.records).name, "refit_of": Path(args.like).name}
+    if args.infer_overlapped:
+        from simulator.latency.fitted import infer_overlapped
+
+        if "overlapped" in records.columns:
+            raise ValueError(f"--infer-overlapped: {args.records} already has an overlapped column")
+        records = records.assign(overlapped=infer_overlapped(records))
+        extra["overlapped"] = "inferred (kvplan fit --infer-overlapped)"
     profile = fit_profile(
         records,
         model=like.model_spec(),
@@ -208,7 +216,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         loss=args.loss,
         split_kv=like.split_kv if args.split_kv == "like" else parse_split_kv(args.split_kv),
         floors=not args.no_floors,
-        extra={**like.extra, "records": Path(args.records).name, "refit_of": Path(args.like).name},
+        extra=extra,
     )
     profile.save(args.out)
     print(profile_report(profile))
@@ -282,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-floors",
         action="store_true",
         help="fit no host floors (per step kind, the least time a step takes; fitted by default)",
+    )
+    fit.add_argument(
+        "--infer-overlapped",
+        action="store_true",
+        help="records of an engine with async scheduling from before the step records' overlapped "
+        "column: infer it (a decode step after a decode step of as many requests); for profiling "
+        "sweeps only, not replays near saturation",
     )
     fit.add_argument("--out", required=True)
     fit.set_defaults(func=cmd_fit)

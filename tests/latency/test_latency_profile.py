@@ -233,3 +233,37 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     )
     fallback = default_profile("qwen3-0.6b", "H200", 256, 1, async_scheduling=True)
     assert fallback == SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"
+
+
+def test_kvplan_fit_can_infer_overlapped_steps_of_older_async_records(tmp_path, capsys) -> None:
+    """Async records from before the `overlapped` column: `--infer-overlapped` marks a decode step
+    right after a decode step of as many requests. On the shipped async sweep that misses 19 of
+    14,149 overlapped steps and marks none wrongly; the refit's sync terms land within 3 %."""
+    import pandas as pd
+
+    from simulator.cli import main
+    from simulator.latency.fitted import infer_overlapped
+    from simulator.run import SHIPPED_PROFILE_DIR
+
+    shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
+    records = pd.read_parquet(
+        SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs16_async.parquet"
+    )
+    inferred, recorded = infer_overlapped(records), records["overlapped"].to_numpy()
+    assert (int(recorded.sum()), int((inferred & ~recorded).sum()), int((recorded & ~inferred).sum())) == (
+        14149,
+        0,
+        19,
+    )
+    older = tmp_path / "older.parquet"
+    records.drop(columns="overlapped").to_parquet(older, index=False)
+    out = tmp_path / "inferred.json"
+    argv = ["fit", "--records", str(older), "--like", str(shipped), "--infer-overlapped", "--out", str(out)]
+    assert main(argv) == 0
+    refit, original = LatencyProfile.load(out), LatencyProfile.load(shipped)
+    assert refit.extra["overlapped"].startswith("inferred")
+    for got, want in zip(refit.decode.coefficients[7:], original.decode.coefficients[7:]):
+        assert got == pytest.approx(want, rel=0.03)
+    argv[2] = str(SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs16_async.parquet")
+    assert main(argv) == 2
+    assert "--infer-overlapped: " in capsys.readouterr().err
