@@ -249,11 +249,14 @@ DEFAULT_CONFIGS = (
 )
 
 
-def resolve_profile(choice: str, model_key: str, gpu: str, block_size: int, tp: int) -> Path | None:
+def resolve_profile(
+    choice: str, model_key: str, gpu: str, block_size: int, tp: int, async_scheduling: bool = False
+) -> Path | None:
     """Latency profile for one configuration: `auto` = the shipped fitted profile for model, GPU,
-    block size and TP if there is one (else roofline), `roofline` = None, otherwise a file path."""
+    block size and TP if there is one (else roofline; with `async_scheduling` the one calibrated on
+    an engine scheduling asynchronously, where shipped), `roofline` = None, otherwise a file path."""
     if choice in (LATENCY_AUTO, LATENCY_ROOFLINE):
-        return sweep.profile_for(choice, model_key, gpu, block_size, tp)
+        return sweep.profile_for(choice, model_key, gpu, block_size, tp, async_scheduling)
     path = Path(choice)
     if not path.is_file():
         raise ValueError(f"latency profile {path}: no such file")

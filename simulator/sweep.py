@@ -343,12 +343,15 @@ def point_config(model: str, point: Mapping[str, Any]) -> SimConfig:
     return SimConfig(model=_model_spec(model), **kwargs)
 
 
-def profile_for(profile: str, model: str, gpu: str, block_size: int, tp: int) -> Path | None:
-    """The profile file a point uses: None for the roofline, the shipped one for 'auto' (if any)."""
+def profile_for(
+    profile: str, model: str, gpu: str, block_size: int, tp: int, async_scheduling: bool = False
+) -> Path | None:
+    """The profile file a point uses: None for the roofline, the shipped one for 'auto' (if any; with
+    `async_scheduling`, the one calibrated so where there is one)."""
     if profile == "roofline":
         return None
     if profile == "auto":
-        return default_profile(model, gpu, block_size, tp)
+        return default_profile(model, gpu, block_size, tp, async_scheduling)
     return Path(profile)
 
 

@@ -117,6 +117,15 @@ rate_scale = row[1].number_input(
 )
 policy = row[2].selectbox("Scheduler policy", ["chunked", "prefill_first"], key="wi_policy")
 prefix_caching = row[3].toggle("Prefix caching", value=True, key="wi_prefix")
+async_scheduling = row[3].toggle(
+    "Async scheduling",
+    value=False,
+    key="wi_async",
+    help="The engine schedules each decode step while the one before it runs (kvplan replay "
+    "--async-scheduling): decode steps scheduled ahead skip the host's time, and a request that "
+    "arrives during a decode step waits one step more. Auto latency takes the profile calibrated so "
+    "where one is shipped (Qwen3-0.6B, block 16).",
+)
 trace = logic.prepare_trace(full_trace, window or None, rate_scale)
 if window and window < full_trace.duration_s:
     st.caption(
@@ -147,12 +156,12 @@ specs = unique_labels(specs)
 model = resolve_model(model_key)
 jobs: list[logic.SimJob | None] = []
 errors: dict[str, str] = {}
-common = {"policy": policy, "enable_prefix_caching": prefix_caching}
+common = {"policy": policy, "enable_prefix_caching": prefix_caching, "async_scheduling": async_scheduling}
 for spec in specs:
     try:
         config = spec.to_sim_config(model, gpu, **common)
         profile = logic.resolve_profile(
-            latency_choice, model_key, gpu, spec.block_size, spec.tensor_parallel_size
+            latency_choice, model_key, gpu, spec.block_size, spec.tensor_parallel_size, async_scheduling
         )
         jobs.append(logic.SimJob(config, profile))
     except ValueError as e:
