@@ -238,7 +238,22 @@ def format_table(v: Validation) -> str:
                 f"  {r.kind:<8}{r.steps:>7} steps  median {r[2]:.1%}, p90 {r[3]:.1%}, "
                 f"summed {r[5]:+.1%} of their measured time"
             )
+    ahead = overlapped_steps(v)
+    if ahead is not None:
+        lines.append(
+            f"decode steps scheduled ahead (async scheduling): real {ahead['real']:,}, "
+            f"simulated {ahead['sim']:,}"
+        )
     return "\n".join(lines)
+
+
+def overlapped_steps(v: Validation) -> dict[str, int] | None:
+    """Decode steps scheduled while the step before them ran, {real, sim}: for an async-scheduling
+    replay whose step records mark them (None otherwise)."""
+    simulated = v.sim.summary.get("sim_overlapped_steps")
+    if simulated is None or v.steps is None or "overlapped" not in v.steps.columns:
+        return None
+    return {"real": int(v.steps["overlapped"].fillna(False).astype(bool).sum()), "sim": int(simulated)}
 
 
 def write_report(v: Validation, out_dir: str | Path) -> Path:
@@ -255,6 +270,7 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
         "passed": v.passed,
         "metrics": v.table.to_dict(orient="records"),
         "step_error_by_kind": by_kind.to_dict(orient="records"),
+        **({"overlapped_steps": ahead} if (ahead := overlapped_steps(v)) is not None else {}),
     }
     (out / "validation.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
     merged = v.real.merge(v.sim.requests, on="request_id", suffixes=("_real", "_sim"))
