@@ -285,6 +285,8 @@ class FittedModel(LatencyModelBase):
                splits = 1 without one, and the fit leaves c5 at 0)
              + c6 * [padded batch size > 1] (one-row steps take the engine's fused GEMV path:
                engine/layers/gemv.py; larger ones cuBLAS and unfused norms, a step up in time)
+             + c7 + c8 * padded batch size (fits of async-scheduling records only, SYNC_FEATURES:
+               the host's time a step not scheduled ahead pays; `overlapped_model()` leaves it out)
     prefill/mixed: c0 + c1 * new tokens + c2 * prefill_attn_work + c3 * num_context_tokens
                    + c4 * num_seqs + c5 * num_decode_seqs
     The padded batch size is the CUDA-graph size a decode step runs at (`graph_padded_batch_size`
