@@ -101,6 +101,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "router": args.router,
         "prefix_caching": not args.no_prefix_caching,
         "gpu_memory_utilization": args.gpu_memory_utilization,
+        **_async_axis(args),
     }
     ctx = RunContext(trace, args.model, _profile_arg(args.profile), args.slo, trace.name)
     if not args.quiet:
@@ -142,6 +143,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         "policy": args.policy,
         "router": args.router,
         "prefix_caching": not args.no_prefix_caching,
+        **_async_axis(args),
     }
     ctx = RunContext(trace, args.model, _profile_arg(args.profile), args.slo, trace.name)
     with PointRunner(ctx, args.workers, args.ray) as runner:
@@ -193,6 +195,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--router", default="least_outstanding", choices=["round_robin", "least_outstanding", "prefix_aware"]
     )
     pl.add_argument("--no-prefix-caching", action="store_true")
+    _add_async_argument(pl)
     pl.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     pl.add_argument("--profile", default="auto", help="fitted profile JSON, 'auto' (shipped) or 'roofline'")
     pl.add_argument("--show-all", action="store_true", help="list every alternative (default: the first 12)")
@@ -218,5 +221,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     cap.add_argument("--max-scale", type=float, default=1024.0, help="highest rate scale to try")
     add_sim_arguments(cap)
+    _add_async_argument(cap)
     _add_exec_arguments(cap)
     cap.set_defaults(func=cmd_capacity)
+
+
+def _add_async_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="engines that schedule each decode step while the one before it runs (with --profile "
+        "auto, the shipped profiles calibrated so where there are any)",
+    )
+
+
+def _async_axis(args: argparse.Namespace) -> dict[str, bool]:
+    """The point's async_scheduling axis: named only when set, so other points keep their keys."""
+    return {"async_scheduling": True} if args.async_scheduling else {}

@@ -61,7 +61,11 @@ AXES: dict[str, str] = {
     "gpu_memory_utilization": "gpu_memory_utilization",
     "max_model_len": "max_model_len",
     "num_kv_blocks": "num_kv_blocks",
+    "async_scheduling": "async_scheduling",
 }
+# Axes added after sweeps were written: a point holds them only when the grid names them, so the
+# points (and resume keys) of every earlier spec stay as they were.
+OPTIONAL_AXES = frozenset({"async_scheduling"})
 _AXIS_TYPES: dict[str, tuple[type, ...]] = {
     "gpu": (str,),
     "tp": (int,),
@@ -75,9 +79,12 @@ _AXIS_TYPES: dict[str, tuple[type, ...]] = {
     "gpu_memory_utilization": (float, int),
     "max_model_len": (int, type(None)),
     "num_kv_blocks": (int, type(None)),
+    "async_scheduling": (bool,),
 }
 _SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
-AXIS_DEFAULTS: dict[str, Any] = {axis: _SIM_DEFAULTS[name] for axis, name in AXES.items()}
+AXIS_DEFAULTS: dict[str, Any] = {
+    axis: _SIM_DEFAULTS[name] for axis, name in AXES.items() if axis not in OPTIONAL_AXES
+}
 
 SPEC_KEYS = ("trace", "model", "profile", "slo", "grid")
 TRACE_KEYS = ("source", "generate", "rate_scale", "limit", "window_s")
@@ -266,9 +273,11 @@ class SweepSpec:
             raise type(e)(f"{path}: {e}") from None
 
     def points(self) -> list[dict[str, Any]]:
-        """The grid in a fixed order (product of the axes in AXES order); every axis in every point."""
-        values = [self.grid.get(axis, (AXIS_DEFAULTS[axis],)) for axis in AXES]
-        return [dict(zip(AXES, combo)) for combo in itertools.product(*values)]
+        """The grid in a fixed order (product of the axes in AXES order); every axis in every point
+        but OPTIONAL_AXES the grid does not name."""
+        axes = [axis for axis in AXES if axis in self.grid or axis not in OPTIONAL_AXES]
+        values = [self.grid[axis] if axis in self.grid else (AXIS_DEFAULTS[axis],) for axis in axes]
+        return [dict(zip(axes, combo)) for combo in itertools.product(*values)]
 
     def context(self, latency: Callable[[SimConfig], LatencyModel] | None = None) -> RunContext:
         return RunContext(self.trace.load(), self.model, self.profile, self.slo, self.trace.label, latency)
@@ -422,7 +431,12 @@ def simulate_point(
 
             trace = traces.scale_rate(trace, factor=float(scale))
         profile = profile_for(
-            ctx.profile, ctx.model, config.gpu, config.block_size, config.tensor_parallel_size
+            ctx.profile,
+            ctx.model,
+            config.gpu,
+            config.block_size,
+            config.tensor_parallel_size,
+            config.async_scheduling,
         )
         latency = ctx.latency(config) if ctx.latency is not None else None
         slo = SLO.parse(ctx.slo) if ctx.slo else None

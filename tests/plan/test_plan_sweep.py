@@ -236,3 +236,25 @@ def qwen06_config():
         return SimConfig(model=resolve_model("qwen3-0.6b"), **kw)
 
     return make
+
+
+def test_async_scheduling_is_an_axis_only_where_the_grid_names_it(tmp_path):
+    """`async_scheduling` (added after sweeps were written) is in a point only when the grid names
+    it, so earlier specs keep their points and resume keys. With profile auto, the async points take
+    the shipped `_async` profile (Qwen3-0.6B, H200, block 16) and count their overlapped steps."""
+    plain = small_spec({"block_size": [16]})
+    assert "async_scheduling" not in plain.points()[0]
+    both = small_spec({"block_size": [16], "async_scheduling": [False, True]}, profile="auto")
+    points = both.points()
+    assert [p["async_scheduling"] for p in points] == [False, True]
+    assert both.point_key({k: v for k, v in points[0].items() if k != "async_scheduling"}) != both.point_key(
+        points[0]
+    )
+    out = tmp_path / "a.parquet"
+    assert run_sweep(both, out, workers=1, progress=False).num_errors == 0
+    df = pd.read_parquet(out).set_index("async_scheduling")
+    assert df.loc[False, "profile_used"].endswith("qwen3-0.6b_h200_tp1_bs16.json")
+    assert df.loc[True, "profile_used"].endswith("qwen3-0.6b_h200_tp1_bs16_async.json")
+    assert df.loc[True, "sim_overlapped_steps"] > 0 and pd.isna(df.loc[False, "sim_overlapped_steps"])
+    with pytest.raises(ValueError, match="grid.async_scheduling: 'yes' is not a bool"):
+        small_spec({"async_scheduling": ["yes"]})
