@@ -122,7 +122,7 @@ def test_async_chained_steps_equal_waiting_after_every_step(prefix_trace, small_
     _equal_runs(chained, waited)
 
 
-def test_async_scheduling_is_faster_and_later_to_admit(prefix_trace, small_config):
+def test_async_scheduling_shortens_tpot_on_the_same_model(prefix_trace, small_config):
     """Against the same model run synchronously: decode steps scheduled ahead make TPOT shorter."""
     sync = run_simulation(prefix_trace, small_config(), latency=async_model()).summary
     ahead = run_simulation(prefix_trace, small_config(async_scheduling=True), latency=async_model()).summary
