@@ -56,6 +56,7 @@ class _InFlight:
     finished: list[Sequence]
     graph_batch_size: int  # the runner's, as it launched the step (it has launched another since)
     overlapped: bool = False  # scheduled and launched while the step before it still ran
+    num_waiting: int = 0  # requests left waiting when it was scheduled
 
 
 class LLM:
@@ -156,6 +157,7 @@ class LLM:
         self._stamp: float | None = None  # what the scheduler's clock reads while set
         self._last_ready = -math.inf  # perf_counter when the last step's tokens reached the host
         self.num_async_steps = 0  # steps launched while the step before them was still running
+        self._num_waiting = 0  # requests the last schedule() left waiting (the step records' num_waiting)
         self.recorder = (
             StepRecorder(tp, block_size, cuda=self.device.type == "cuda") if record_steps else None
         )
@@ -246,6 +248,7 @@ class LLM:
         if not self.scheduler.schedule_reads_no_token_values():
             return self._land(prev) + self._step(t0)
         batch = self.scheduler.schedule()
+        self._num_waiting = self.scheduler.num_waiting
         if self._chains(prev, batch):
             timer = self.recorder.timer() if self.recorder is not None else None
             tokens, _ = self.runner.launch(batch, timer, prev.tokens[: batch.num_seqs])
@@ -261,6 +264,7 @@ class LLM:
         running when async scheduling can defer it."""
         if batch is None:
             batch = self.scheduler.schedule()
+            self._num_waiting = self.scheduler.num_waiting
         if batch.is_empty:
             return self.scheduler.postprocess(batch, [])
         recorder = self.recorder
@@ -289,10 +293,12 @@ class LLM:
         allreduce_s: float = math.nan,
         graph_batch_size: int | None = None,
         overlapped: bool = False,
+        num_waiting: int | None = None,
     ) -> None:
         """One step record; `graph_batch_size` (default: the runner's last) of a deferred step. (A
         deferred step is a decode: its graph_num_tokens, the runner's last, is 0 whatever ran since.)
-        `overlapped`: launched while the step before it ran (see `step`)."""
+        `overlapped`: launched while the step before it ran (see `step`); `num_waiting` (default: as
+        the last schedule left them) the requests left waiting when it was scheduled."""
         if graph_batch_size is None:
             graph_batch_size = self.runner.last_graph_batch_size
         compiled = False
@@ -309,6 +315,7 @@ class LLM:
             start_s=start,
             graph_num_tokens=self.runner.last_graph_num_tokens,
             overlapped=overlapped,
+            num_waiting=self._num_waiting if num_waiting is None else num_waiting,
         )
 
     # ---- async scheduling -----------------------------------------------------------------------
@@ -348,7 +355,17 @@ class LLM:
             self._stamp = None
         graph_bs = self.runner.last_graph_batch_size
         self._inflight = _InFlight(
-            batch, tokens, values, timer, t0, stamp, positions, finished, graph_bs, overlapped
+            batch,
+            tokens,
+            values,
+            timer,
+            t0,
+            stamp,
+            positions,
+            finished,
+            graph_bs,
+            overlapped,
+            self._num_waiting,
         )
 
     def _land(self, prev: _InFlight) -> list[Sequence]:
@@ -376,6 +393,7 @@ class LLM:
                 ready - start,
                 graph_batch_size=prev.graph_batch_size,
                 overlapped=prev.overlapped,
+                num_waiting=prev.num_waiting,
             )
         return prev.finished
 

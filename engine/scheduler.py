@@ -49,6 +49,7 @@ STEP_RECORD_COLUMNS = (
     "idle_before_s",
     "graph_num_tokens",
     "overlapped",
+    "num_waiting",
 )
 
 

@@ -97,11 +97,13 @@ class StepRecorder:
         start_s: float = math.nan,
         graph_num_tokens: int = 0,
         overlapped: bool = False,
+        num_waiting: int = 0,
     ) -> None:
         """One step's row; `start_s` (perf_counter at the step's start) gives `idle_before_s`;
         `graph_num_tokens` the token bucket of a piecewise-graph step (0 otherwise); `overlapped`:
         scheduled and launched while the step before it still ran (async scheduling), so the host's
-        work for it was hidden behind the device's."""
+        work for it was hidden behind the device's; `num_waiting`: requests left waiting when it was
+        scheduled."""
         compiled = compiled or self._looks_compiled(batch.kind, wall_time_s)
         idle_before_s, self._last_end = start_s - self._last_end, start_s + wall_time_s
         self._rows.append(
@@ -128,6 +130,7 @@ class StepRecorder:
                 idle_before_s,
                 graph_num_tokens,
                 overlapped,
+                num_waiting,
             ]
         )
         self._pending.append((len(self._rows) - 1, timer))

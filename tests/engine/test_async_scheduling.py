@@ -19,6 +19,7 @@ SHAPE_COLUMNS = [
     "total_num_scheduled_tokens",
     "total_num_cached_tokens",
     "num_context_tokens",
+    "num_waiting",
 ]
 
 
@@ -62,6 +63,9 @@ def test_async_matches_hf_and_the_synchronous_loop(checkpoints, hf_greedy, opts)
         assert (steps.loc[overlapped, "kind"] == "decode").all()
         assert not (overlapped[1:] & (steps["kind"].to_numpy()[:-1] != "decode")).any()
         assert not sync.recorder.to_dataframe()["overlapped"].any()
+        assert (steps.loc[overlapped, "num_waiting"] == 0).all()  # never ahead of a waiting request
+        if opts.get("block_size") == 4:  # the small cache keeps requests waiting
+            assert steps["num_waiting"].max() > 0
         if opts.get("block_size") == 4:
             assert llm.scheduler.num_preemptions > 0
 
