@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--async-scheduling",
         action="store_true",
         help="the engine schedules each decode step while the one before it runs (kvplan replay "
-        "--async-scheduling); with --profile auto, the shipped profile calibrated so where there is one",
+        "--async-scheduling); with --profile auto, the shipped profile calibrated with it where there is one",
     )
     sim.set_defaults(func=cmd_simulate)
     val = sub.add_parser(

@@ -157,6 +157,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             max_scale=args.max_scale,
         )
     what = f"{args.replicas} x {args.model} on {args.gpu} tp={args.tp} ({trace.name})"
+    what += ", async scheduling" if args.async_scheduling else ""
     print(format_capacity(result, what))
     return 0 if result.max_rate is not None else 1
 
@@ -231,7 +232,7 @@ def _add_async_argument(p: argparse.ArgumentParser) -> None:
         "--async-scheduling",
         action="store_true",
         help="engines that schedule each decode step while the one before it runs (with --profile "
-        "auto, the shipped profiles calibrated so where there are any)",
+        "auto, the shipped profiles calibrated with async scheduling where there are any)",
     )
 
 

@@ -356,7 +356,7 @@ def profile_for(
     profile: str, model: str, gpu: str, block_size: int, tp: int, async_scheduling: bool = False
 ) -> Path | None:
     """The profile file a point uses: None for the roofline, the shipped one for 'auto' (if any; with
-    `async_scheduling`, the one calibrated so where there is one)."""
+    `async_scheduling`, the one calibrated with it where there is one)."""
     if profile == "roofline":
         return None
     if profile == "auto":

@@ -123,8 +123,8 @@ async_scheduling = row[3].toggle(
     key="wi_async",
     help="The engine schedules each decode step while the one before it runs (kvplan replay "
     "--async-scheduling): decode steps scheduled ahead skip the host's time, and a request that "
-    "arrives during a decode step waits one step more. Auto latency takes the profile calibrated so "
-    "where one is shipped (Qwen3-0.6B, block 16).",
+    "arrives during a decode step waits one step more. Auto latency takes the profile calibrated with "
+    "async scheduling where one is shipped (Qwen3-0.6B, block 16).",
 )
 trace = logic.prepare_trace(full_trace, window or None, rate_scale)
 if window and window < full_trace.duration_s:
