@@ -759,6 +759,33 @@ def load_validation(
     return ValidationView(folder.name, kind, _compare(real, sim), real, sim, steps, note)
 
 
+def matching_profile(folder: str | Path, kind: str) -> Path | None:
+    """The shipped profile of the engine that served a replay folder: its run.json's model, GPU, TP,
+    block size and async scheduling, and the same decode kernel. None for other kinds of run, runs
+    whose run.json does not say which decode kernel served them (older ones), or no such profile."""
+    if kind != REPLAY:
+        return None
+    try:
+        meta = json.loads((Path(folder) / "run.json").read_text())
+        name, kernel = meta["model"]["name"], meta["decode_kernel"]
+        async_scheduling = bool(meta.get("async_scheduling", False))
+        path = sweep.profile_for(
+            LATENCY_AUTO,
+            name,
+            meta["gpu"],
+            int(meta["block_size"]),
+            int(meta.get("tensor_parallel_size", 1)),
+            async_scheduling,
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if path is None:
+        return None
+    extra = LatencyProfile.load(path).extra
+    same = extra.get("decode_kernel") == kernel and bool(extra.get("async_scheduling")) == async_scheduling
+    return path if same else None
+
+
 def repeat_candidates(folder: str | Path, runs: list[tuple[Path, str]]) -> list[Path]:
     """The other replay folders among `runs`: what could repeat `folder` (checked when chosen)."""
     return [p for p, kind in runs if kind == REPLAY and p != Path(folder)]

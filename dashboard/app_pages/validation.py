@@ -74,11 +74,17 @@ c1, c2 = st.columns([2, 1])
 folder = c1.selectbox("Run", list(labels), format_func=labels.__getitem__, key="val_run")
 kind = kinds[folder]
 profiles = [str(p) for p in logic.profile_files(SHIPPED_PROFILE_DIR, *(p for p, _ in runs))]
+if st.session_state.get("val_profile_run") != folder:  # a new run: its own engine's shipped profile
+    st.session_state["val_profile_run"] = folder
+    match = logic.matching_profile(folder, kind)
+    st.session_state["val_profile"] = str(match) if match is not None and str(match) in profiles else None
 profile = c2.selectbox(
     "Latency profile (re-simulation and step residuals)",
     [None, *profiles],
     format_func=lambda p: "roofline / none" if p is None else Path(p).name,
     key="val_profile",
+    help="Chosen for a replay whose engine a shipped profile describes (model, GPU, TP, block size, "
+    "decode kernel, async scheduling); otherwise the roofline.",
 )
 repeats = [str(p) for p in logic.repeat_candidates(folder, runs)] if kind == logic.REPLAY else []
 repeat = None
