@@ -212,7 +212,8 @@ class Replica:
                 (k, end, finished), pending = pending, None
                 run_overlapped = pending_overlapped
             elif fast_forward is not None and decode_times is not None:
-                k, end, finished = fast_forward(decode_times, start, self._deadline(), SIM_TOKEN_ID)
+                deadline = self._deadline() if async_ else arrival.time
+                k, end, finished = fast_forward(decode_times, start, deadline, SIM_TOKEN_ID)
                 run_overlapped = decode_times is self._lagged_overlapped
                 if k and async_:
                     self._deferred_start = decode_times.times[k - 1]
@@ -235,8 +236,8 @@ class Replica:
                     continue
                 step_s = latency.predict(batch).total
                 end = start + step_s
-                if async_ and latency is not self.latency and batch.kind == "decode":
-                    counters.num_overlapped_steps += 1
+                if decode_times is self._lagged_overlapped and batch.kind == "decode":
+                    counters.num_overlapped_steps += 1  # (_async_views chose the overlapped view)
             delay = max(0.0, end - now)
             now += delay
             owed.append(delay)
@@ -254,7 +255,7 @@ class Replica:
                 # with the run after the step where no timeline sample is due between them
                 if fuse and run_times is not None and end - self._last_sample < interval:
                     num, run_end, finished = sched.postprocess_and_fast_forward(
-                        batch, run_times, self._deadline(), SIM_TOKEN_ID
+                        batch, run_times, self._deadline() if async_ else arrival.time, SIM_TOKEN_ID
                     )
                     if num:
                         pending, finished = (num, run_end, finished), []
@@ -277,7 +278,8 @@ class Replica:
     def _async_views(self, start: float):
         """Async scheduling, before the segment starting at `start`: hand the scheduler the requests
         it sees now; return (the latency model of a single step, the decode times of a run from
-        here, None where a run must not start here)."""
+        here, None where a run must not start here). The next step is scheduled ahead exactly when
+        the second is `_lagged_overlapped`."""
         sched, deferred = self.scheduler, self._deferred_start
         if self.inbox:  # what had arrived when this step's scheduling began
             self._admit(start if deferred is None else deferred)

@@ -134,3 +134,16 @@ def test_async_scheduling_shortens_tpot_on_the_same_model(prefix_trace, small_co
 def test_async_scheduling_must_be_a_bool(qwen06):
     with pytest.raises(ValueError, match="SimConfig.async_scheduling: must be true or false"):
         SimConfig(model=qwen06, async_scheduling="yes")
+
+
+def test_steps_scheduled_ahead_are_counted_alike_without_sync_terms(prefix_trace, small_config):
+    """A model without an overlapped view (the roofline) charges both kinds of step alike, but the
+    count of steps scheduled ahead is the same whether they run one by one or fast-forwarded."""
+    from simulator.latency.roofline import RooflineModel
+
+    counts = []
+    for ff in (True, False):
+        config = small_config(async_scheduling=True, fast_forward=ff)
+        model = RooflineModel(config.model, config.gpu, config.tensor_parallel_size)
+        counts.append(run_simulation(prefix_trace, config, latency=model).summary["sim_overlapped_steps"])
+    assert counts[0] == counts[1] > 0, counts
