@@ -4,7 +4,8 @@ Three engine builds are shipped with replays: decode through FlashAttention-4 (s
 `_fa4decode`: 13 of 14 targets met), the session-9 engine (Qwen3-8B light and x3), and the current
 one (session 10: the Triton split-KV decode kernel balances its splits; Qwen3-0.6B at block 16 light,
 lightb, x5, x8 twice, x10 on two machines and x12, at block 256 light, x10 and x12; session 11: the
-same engine with async scheduling, block 16 light, x8 and x10, `_async`). What each meets
+same engine with async scheduling, block 16 light, x8 and x10, `_async`; session 12: that engine
+at block 256, light, x8 and x10 twice, and Qwen3-8B at block 16, light and x3). What each meets
 and misses is pinned here so that a change shows either way, and explained in docs/PERF.md. The
 current profiles carry host floors per step kind; the `_fa4decode` profile has none."""
 
@@ -74,28 +75,57 @@ def test_current_engine_replays(run, expected_misses, throughput):
     assert v.steps is not None and v.steps["residual"].abs().median() < 0.11  # 3.4-10.5 % measured
 
 
+ASYNC_06B_16, ASYNC_06B_256 = "qwen3-0.6b_h200_tp1_bs16_async.json", "qwen3-0.6b_h200_tp1_bs256_async.json"
+ASYNC_8B_16 = "qwen3-8b_h200_tp1_bs16_async.json"
+
+
 @pytest.mark.parametrize(
-    "load,expected_misses,throughput",
+    "run,profile,expected_misses,throughput",
     [
-        ("light", set(), (-0.005, 0.005)),
-        ("x8", set(), (-0.005, 0.005)),
-        ("x10", {"e2e_p50_s", "ttft_p99_s"}, (0.015, 0.025)),
+        ("0.6b_bs16_async_light", ASYNC_06B_16, set(), (-0.005, 0.005)),
+        ("0.6b_bs16_async_x8", ASYNC_06B_16, set(), (-0.005, 0.005)),
+        ("0.6b_bs16_async_x10", ASYNC_06B_16, {"e2e_p50_s", "ttft_p99_s"}, (0.015, 0.025)),
+        ("0.6b_bs256_async_light", ASYNC_06B_256, set(), (-0.005, 0.005)),
+        ("0.6b_bs256_async_x8", ASYNC_06B_256, set(), (-0.005, 0.005)),
+        ("0.6b_bs256_async_x10", ASYNC_06B_256, {"e2e_p50_s", "e2e_p99_s", "ttft_p99_s"}, (0.015, 0.02)),
+        ("0.6b_bs256_async_x10b", ASYNC_06B_256, set(), (-0.005, 0.005)),
+        ("8b_bs16_async_light", ASYNC_8B_16, set(), (-0.005, 0.005)),
+        ("8b_bs16_async_x3", ASYNC_8B_16, set(), (-0.005, 0.005)),
     ],
 )
-def test_async_scheduling_replays(load, expected_misses, throughput):
-    """Session 11: the engine served with async scheduling, its records marking which decode steps
-    were scheduled while the step before them ran (`overlapped`). One device call: the sweep (fitted
-    into the `_async` profile, whose sync terms price the host's time a step not scheduled ahead
-    pays), then light, x8 and x10. The simulation schedules ahead where the engine would, and about as
-    often (within 3 %); requests arriving during a decode step wait one step more, as in the engine."""
-    v, table = errors(f"h200_qwen3-0.6b_bs16_async_{load}", "qwen3-0.6b_h200_tp1_bs16_async.json")
+def test_async_scheduling_replays(run, profile, expected_misses, throughput):
+    """The current engine served with async scheduling, its records marking which decode steps were
+    scheduled while the step before them ran (`overlapped`). Each profile comes from one device call:
+    the sweep (fitted into the `_async` profile, whose sync terms price the host's time a step not
+    scheduled ahead pays), then the replays in the same process: Qwen3-0.6B at block 16 (session 11)
+    and 256 (session 12; x10 served twice, 103 and 93 preemptions), Qwen3-8B at block 16 (session 12;
+    x3 with 63 preemptions). The simulation schedules ahead where the engine would, and about as often
+    (within 3.5 %); requests arriving during a decode step wait one step more, as in the engine."""
+    v, table = errors(f"h200_qwen3-{run}", profile)
     assert v.sim.summary["config"]["async_scheduling"] is True
     assert misses(table) == expected_misses, table
     assert throughput[0] < table.loc["throughput_rps", "rel_error"] < throughput[1], table
-    assert v.steps is not None and v.steps["residual"].abs().median() < 0.05  # 0.7-4.0 % measured
+    assert v.steps is not None and v.steps["residual"].abs().median() < 0.055  # 0.7-5.1 % measured
     ahead = overlapped_steps(v)
-    assert abs(ahead["sim"] / ahead["real"] - 1) < 0.03, ahead
+    assert abs(ahead["sim"] / ahead["real"] - 1) < 0.035, ahead
     assert f"real {ahead['real']:,}, simulated {ahead['sim']:,}" in format_table(v)
+
+
+def test_async_near_saturation_misses_are_the_real_runs_spread():
+    """Block 256's 10x window served twice in one process: E2E p50 2.12 and 1.80 s (-15 % real against
+    real), TTFT p99 -28 %. The simulation is +0.3 % and +2.4 % off the second, so its misses on the
+    first are that spread, not the fit's."""
+    v = validate_run(
+        RUNS / "h200_qwen3-0.6b_bs256_async_x10",
+        PROFILES / ASYNC_06B_256,
+        RUNS / "h200_qwen3-0.6b_bs256_async_x10b",
+    )
+    table = v.table.set_index("metric")
+    assert -0.16 < table.loc["e2e_p50_s", "repeat_error"] < -0.14, table
+    assert -0.29 < table.loc["ttft_p99_s", "repeat_error"] < -0.27, table
+    for metric in ("e2e_p50_s", "ttft_p99_s"):
+        sim_vs_repeat = table.loc[metric, "sim"] / table.loc[metric, "repeat"] - 1
+        assert abs(sim_vs_repeat) < 0.03, (metric, table)
 
 
 def test_async_replays_need_the_simulated_async_loop(tmp_path):

@@ -231,8 +231,30 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     assert (
         default_profile("qwen3-0.6b", "H200", 16, 1) == SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16.json"
     )
-    fallback = default_profile("qwen3-0.6b", "H200", 256, 1, async_scheduling=True)
-    assert fallback == SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"
+    fallback = default_profile("qwen3-8b", "H200", 256, 1, async_scheduling=True)
+    assert fallback == SHIPPED_PROFILE_DIR / "qwen3-8b_h200_tp1_bs256.json"
+
+
+@pytest.mark.parametrize("stem", ["qwen3-0.6b_h200_tp1_bs256", "qwen3-8b_h200_tp1_bs16"])
+def test_the_session_12_async_profiles_refit_and_are_picked(tmp_path, stem) -> None:
+    """Block 256 and Qwen3-8B, calibrated with async scheduling in session 12: each refits bit for
+    bit from its shipped records, sync terms included, and is the one `default_profile` picks for
+    async scheduling."""
+    from simulator.cli import default_profile, main
+    from simulator.latency.fitted import ASYNC_DECODE_FEATURES
+    from simulator.run import SHIPPED_PROFILE_DIR
+
+    shipped = SHIPPED_PROFILE_DIR / f"{stem}_async.json"
+    records = SHIPPED_PROFILE_DIR / "records" / f"steps_{stem}_async.parquet"
+    out = tmp_path / "refit.json"
+    assert main(["fit", "--records", str(records), "--like", str(shipped), "--out", str(out)]) == 0
+    refit, original = LatencyProfile.load(out), LatencyProfile.load(shipped)
+    assert refit.decode.features == ASYNC_DECODE_FEATURES
+    assert refit.decode.coefficients == original.decode.coefficients and refit.floors == original.floors
+    model, block = stem.split("_h200_tp1_bs")
+    assert default_profile(model, "H200", int(block), 1, async_scheduling=True) == shipped
+    sync, sync_per_row = original.to_latency_model().sync_coefficients
+    assert 3e-4 < sync < 4.5e-4 and 2e-6 < sync_per_row < 1.5e-5  # 0.36 + 3.1 us; 0.40 + 11.9 us
 
 
 def test_kvplan_fit_can_infer_overlapped_steps_of_older_async_records(tmp_path, capsys) -> None:
