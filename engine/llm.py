@@ -175,8 +175,9 @@ class LLM:
         the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends), the per-token
         layers' ("triton" / "compile" / "torch"), how prefill/mixed steps run ("piecewise" CUDA
         graphs or "eager"), whether the Triton decode kernel balances its splits (None where it does
-        not run), whether decode steps are scheduled asynchronously, and whether small Triton
-        launches use programmatic dependent launch (engine/layers/pdl.py)."""
+        not run), whether decode steps are scheduled asynchronously, whether small Triton
+        launches use programmatic dependent launch (engine/layers/pdl.py), and whether the sampler's
+        argmax runs in Triton (engine/layers/argmax.py)."""
         backend = self.runner.backend
         decode_kernel = getattr(backend, "decode_kernel", None)
         return {
@@ -186,6 +187,7 @@ class LLM:
             "prefill_graphs": "piecewise" if self.runner.piecewise is not None else "eager",
             "async_scheduling": self.async_scheduling,
             "pdl": pdl.enabled(self.device),
+            "triton_argmax": self.runner.sampler.triton_argmax and self.runner.cuda,
         }
 
     def decode_split_kv(self) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
 from engine.config import ModelSpec, cdiv, num_kv_blocks
 from engine.kv_cache import KVCache
-from engine.layers import gemv, triton_ops
+from engine.layers import argmax, gemv, triton_ops
 from engine.layers.distributed import min_over_ranks
 from engine.layers.layernorm import LAYER_IMPLS
 from engine.loader import load_weights
@@ -265,6 +265,8 @@ class ModelRunner:
             if max(len(s.block_table) for s in batch.seqs) > n_blocks:
                 continue
             self.run(batch)
+        if self.cuda and self.sampler.triton_argmax:  # every sampler argmax variant: logits, probs
+            argmax.warmup(self.spec.vocab_size, {self.dtype, torch.float32}, self.max_num_seqs, self.device)
         if self.cuda:
             torch.cuda.synchronize()
 
@@ -426,8 +428,9 @@ class ModelRunner:
         return logits, inputs
 
     def compile_count(self) -> int:
-        """Kernel variants compiled so far (attention backend + torch.compile graphs)."""
+        """Kernel variants compiled so far (attention backend, the Triton kernels, torch.compile graphs)."""
         count = self.backend.compile_count() + triton_ops.compiled_variants() + gemv.compiled_variants()
+        count += argmax.compiled_variants()
         if self.cuda:
             from torch._dynamo.utils import counters
 

@@ -2,16 +2,23 @@
 
 Sampling draws with the exponential-race trick (argmax of p / E, E ~ Exp(1)), which needs no
 host sync; top-k / top-p masking (a sort of the logits) runs only when some request asks for it.
+On CUDA the argmaxes run in Triton (engine/layers/argmax.py: the same result as torch's, and an
+all-greedy batch needs no float copy of its logits) unless $KVPLAN_TRITON_ARGMAX=0.
 """
 
 from __future__ import annotations
 
 import torch
 
+from engine.layers import argmax
+
 
 class Sampler:
-    def __init__(self, generator: torch.Generator | None = None) -> None:
+    def __init__(self, generator: torch.Generator | None = None, triton_argmax: bool | None = None) -> None:
+        """`triton_argmax`: argmax CUDA logits in Triton (default: where installed, unless
+        $KVPLAN_TRITON_ARGMAX=0)."""
         self.generator = generator
+        self.triton_argmax = argmax.enabled() if triton_argmax is None else triton_argmax
 
     def __call__(
         self,
@@ -21,18 +28,24 @@ class Sampler:
         top_ps: torch.Tensor | None = None,  # [S] float32, 1 = off
         all_greedy: bool = False,
     ) -> torch.Tensor:
-        logits = logits.float()
-        greedy = logits.argmax(dim=-1)
         if all_greedy:
-            return greedy
+            return self.argmax_rows(logits)
+        logits = logits.float()
+        greedy = self.argmax_rows(logits)
         is_greedy = temperatures == 0
         scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
         if top_ks is not None and top_ps is not None:
             scaled = apply_top_k_top_p(scaled, top_ks, top_ps)
         probs = torch.softmax(scaled, dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        sampled = probs.div_(noise.clamp_min_(1e-10)).argmax(dim=-1)
+        sampled = self.argmax_rows(probs.div_(noise.clamp_min_(1e-10)))
         return torch.where(is_greedy, greedy, sampled)
+
+    def argmax_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """`x.float().argmax(-1)` (int64), through the Triton kernels where they serve."""
+        if self.triton_argmax and argmax.serves(x):
+            return argmax.argmax(x)
+        return x.float().argmax(dim=-1)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:

@@ -69,6 +69,7 @@ def test_eager_and_graph_flags_on_cpu(checkpoints):
             "prefill_graphs": "eager",
             "async_scheduling": False,
             "pdl": False,
+            "triton_argmax": False,
         }
         df = llm.recorder.to_dataframe()
         assert (df["graph_batch_size"] == 0).all()
