@@ -5,8 +5,11 @@ single stream. One request decodes to a steady state, then each stage repeats ba
 timed by CUDA events over the whole loop (the device's time per repeat, host issue included where
 the host is slower):
   graph      the decode CUDA graph's replay alone
-  +head      and the LM head, the float copy of the logits and the argmax
-  +copies    and the five copies into the graph's input buffers (inputs built once)
+  +head      and the LM head and the greedy argmax (Triton unless $KVPLAN_TRITON_ARGMAX=0)
+  +head (torch argmax)   the same with torch's float copy of the logits and argmax
+  +copies    and the copies into the graph's input buffers (inputs built once; one Triton launch
+             unless $KVPLAN_GRAPH_COPY=0)
+  +copies (torch)        the same with torch's copies (five copies, and fills for padding rows)
   launch     ModelRunner.launch as a step calls it: inputs built and copied, graph, head, sampler
   step       LLM.step on the live request (its median recorded device time and wall time)
 
@@ -24,6 +27,7 @@ import torch
 from engine.attention.metadata import build_step_inputs
 from engine.checkpoint import make_random_checkpoint
 from engine.llm import LLM
+from engine.sampler import Sampler
 from engine.sequence import SamplingParams
 
 
@@ -82,13 +86,27 @@ def run(llm: LLM, repeats: int) -> None:
         graph.replay()
         sampler(head(out[:1]), temps, all_greedy=True)
 
+    def graph_head_torch() -> None:
+        graph.replay()
+        torch_sampler(head(out[:1]), temps, all_greedy=True)
+
     def copies_graph_head() -> None:
         sampler(head(runner._replay(inputs, 1)), temps, all_greedy=True)
 
+    def copies_torch() -> float:
+        kernel, runner.triton_graph_copy = runner.triton_graph_copy, False
+        try:
+            return per_repeat_us(copies_graph_head, repeats)
+        finally:
+            runner.triton_graph_copy = kernel
+
+    torch_sampler = Sampler(triton_argmax=False)
     rows = [
         ("graph", per_repeat_us(graph.replay, repeats)),
         ("+head", per_repeat_us(graph_head, repeats)),
+        ("+head (torch argmax)", per_repeat_us(graph_head_torch, repeats)),
         ("+copies", per_repeat_us(copies_graph_head, repeats)),
+        ("+copies (torch)", copies_torch()),
         ("launch", per_repeat_us(lambda: runner.launch(batch), repeats)),
     ]
     while llm.has_unfinished():
@@ -97,9 +115,10 @@ def run(llm: LLM, repeats: int) -> None:
     decode = df.loc[(df["kind"] == "decode") & (df["step"] > 80)]
     rows.append(("step (device)", float(decode["gpu_time_s"].median() * 1e6)))
     rows.append(("step (wall)", float(decode["wall_time_s"].median() * 1e6)))
-    print(f"{'stage':<16}{'us':>9}")
+    print(f"triton argmax: {sampler.triton_argmax}, graph copy kernel: {runner.triton_graph_copy}")
+    print(f"{'stage':<22}{'us':>9}")
     for name, us in rows:
-        print(f"{name:<16}{us:>9.1f}")
+        print(f"{name:<22}{us:>9.1f}")
 
 
 if __name__ == "__main__":

@@ -176,8 +176,9 @@ class LLM:
         layers' ("triton" / "compile" / "torch"), how prefill/mixed steps run ("piecewise" CUDA
         graphs or "eager"), whether the Triton decode kernel balances its splits (None where it does
         not run), whether decode steps are scheduled asynchronously, whether small Triton
-        launches use programmatic dependent launch (engine/layers/pdl.py), and whether the sampler's
-        argmax runs in Triton (engine/layers/argmax.py)."""
+        launches use programmatic dependent launch (engine/layers/pdl.py), whether the sampler's
+        argmax runs in Triton (engine/layers/argmax.py) and whether one Triton launch copies the
+        decode graphs' inputs (engine/layers/graph_inputs.py)."""
         backend = self.runner.backend
         decode_kernel = getattr(backend, "decode_kernel", None)
         return {
@@ -188,6 +189,7 @@ class LLM:
             "async_scheduling": self.async_scheduling,
             "pdl": pdl.enabled(self.device),
             "triton_argmax": self.runner.sampler.triton_argmax and self.runner.cuda,
+            "graph_copy_kernel": self.runner.triton_graph_copy,
         }
 
     def decode_split_kv(self) -> dict[str, Any] | None:

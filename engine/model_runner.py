@@ -22,7 +22,7 @@ from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
 from engine.config import ModelSpec, cdiv, num_kv_blocks
 from engine.kv_cache import KVCache
-from engine.layers import argmax, gemv, triton_ops
+from engine.layers import argmax, gemv, graph_inputs, triton_ops
 from engine.layers.distributed import min_over_ranks
 from engine.layers.layernorm import LAYER_IMPLS
 from engine.loader import load_weights
@@ -127,6 +127,8 @@ class ModelRunner:
         self.last_graph_num_tokens = 0
         self.piecewise: PiecewiseForward | None = None
         use_graphs = self.cuda and not enforce_eager and getattr(backend, "graph_safe", False)
+        # the decode graphs' inputs copied in one Triton launch (unless $KVPLAN_GRAPH_COPY=0)
+        self.triton_graph_copy = self.cuda and graph_inputs.enabled()
         self.use_prefill_graphs = use_graphs and prefill_graphs_enabled(prefill_graphs)
         self.kv_cache: KVCache | None = None
         self.model = self._load_model(model_dir, hf_config, tp_rank, tp_size)
@@ -333,6 +335,15 @@ class ModelRunner:
                     self.graphs[bs], self.graph_outputs[bs], pool = self._capture(bs, buf, pool)
         self.graph_buffers = buf
         self.graph_sizes = sorted(self.graphs)
+        self._warmup_graph_copy()
+
+    def _warmup_graph_copy(self) -> None:
+        """Copy a dummy decode step's inputs for every graph size, so the copy kernel's variants (its
+        launches with and without PDL) compile before serving; the graph buffers keep no state."""
+        greedy = SamplingParams(temperature=0)
+        for bs in self.graph_sizes:
+            batch = self._dummy_batch([(2, 1)] * bs, greedy)
+            self._copy_graph_inputs(build_step_inputs(batch, self.block_size, self.device), bs)
 
     def _capture(self, bs: int, buf: _GraphBuffers, pool: Any) -> tuple[Any, torch.Tensor, Any]:
         """Capture the decode forward of `bs` sequences; returns (graph, its output, memory pool)."""
@@ -355,18 +366,18 @@ class ModelRunner:
             return 0
         return next((bs for bs in self.graph_sizes if bs >= batch.num_seqs), 0)
 
+    def _copy_graph_inputs(self, inputs: StepInputs, bs: int) -> None:
+        """The step's inputs into the graph buffers' first rows; rows up to `bs` pad (slot -1)."""
+        buf, md = self.graph_buffers, inputs.attn
+        src = (inputs.input_ids, inputs.positions, md.slot_mapping, md.context_lens, md.block_tables)
+        dst = (buf.input_ids, buf.positions, buf.slot_mapping, buf.context_lens, buf.block_tables)
+        copy = graph_inputs.copy_triton if self.triton_graph_copy else graph_inputs.copy_torch
+        copy(src, dst, bs)
+
     def _replay(self, inputs: StepInputs, bs: int) -> torch.Tensor:
-        buf, md, n = self.graph_buffers, inputs.attn, inputs.attn.num_seqs
-        buf.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
-        buf.positions[:n].copy_(inputs.positions, non_blocking=True)
-        buf.slot_mapping[:n].copy_(md.slot_mapping, non_blocking=True)
-        buf.context_lens[:n].copy_(md.context_lens, non_blocking=True)
-        buf.block_tables[:n, : md.block_tables.shape[1]].copy_(md.block_tables, non_blocking=True)
-        if bs > n:
-            buf.slot_mapping[n:bs].fill_(-1)
-            buf.context_lens[n:bs].fill_(1)
+        self._copy_graph_inputs(inputs, bs)
         self.graphs[bs].replay()
-        return self.graph_outputs[bs][:n]
+        return self.graph_outputs[bs][: inputs.attn.num_seqs]
 
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -430,7 +441,7 @@ class ModelRunner:
     def compile_count(self) -> int:
         """Kernel variants compiled so far (attention backend, the Triton kernels, torch.compile graphs)."""
         count = self.backend.compile_count() + triton_ops.compiled_variants() + gemv.compiled_variants()
-        count += argmax.compiled_variants()
+        count += argmax.compiled_variants() + graph_inputs.compiled_variants()
         if self.cuda:
             from torch._dynamo.utils import counters
 

@@ -159,3 +159,29 @@ def test_async_scheduling_matches_the_synchronous_loop(gpu_checkpoints, block_si
     shape = ["kind", "num_seqs", "total_num_scheduled_tokens", "num_context_tokens", "graph_batch_size"]
     assert steps[shape].equals(sync_steps[shape])
     assert num_async >= 0.5 * (steps["kind"] == "decode").sum()
+
+
+def test_triton_argmax_and_graph_copy_match_torch_and_compile_before_serving(gpu_checkpoints, monkeypatch):
+    """The tokens (greedy and sampled, batches of up to 24 rows: launches with and without PDL) are the
+    same with the Triton argmax and graph-input copy as with torch's, and serving compiles no kernel
+    variant that warm-up and capture did not."""
+    g = random.Random(4)
+    prompts = [[g.randrange(8192) for _ in range(n)] for n in range(5, 125, 5)]
+    params = [
+        SamplingParams(temperature=0.8 if i % 3 == 0 else 0, max_tokens=16, ignore_eos=True)
+        for i in range(24)
+    ]
+    runs = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv("KVPLAN_TRITON_ARGMAX", switch)
+        monkeypatch.setenv("KVPLAN_GRAPH_COPY", switch)
+        with _engine(gpu_checkpoints["qwen3"], max_num_seqs=32, max_num_batched_tokens=1024) as llm:
+            choices = llm.kernel_choices()
+            assert choices["triton_argmax"] is choices["graph_copy_kernel"] is (switch == "1")
+            compiled = llm.runner.compile_count()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            assert llm.runner.compile_count() == compiled, "a kernel variant compiled while serving"
+            df = llm.recorder.to_dataframe()
+            assert (df.loc[df["kind"] == "decode", "graph_batch_size"] == 32).any()  # 24 rows padded
+            runs[switch] = [o["token_ids"] for o in outs]
+    assert runs["1"] == runs["0"]

@@ -70,6 +70,7 @@ def test_eager_and_graph_flags_on_cpu(checkpoints):
             "async_scheduling": False,
             "pdl": False,
             "triton_argmax": False,
+            "graph_copy_kernel": False,
         }
         df = llm.recorder.to_dataframe()
         assert (df["graph_batch_size"] == 0).all()
