@@ -75,8 +75,10 @@ def collect(run: SimRun, slo: SLO | None = None) -> SimResult:
     records = [r for replica in run.replicas for r in replica.records]
     requests = pd.DataFrame.from_records(records, columns=list(REQUEST_FIELDS))
     requests = add_latencies(requests.sort_values("request_id", kind="stable").reset_index(drop=True))
+    blocks = run.num_kv_blocks  # a timeline row holds the blocks in use: its kv_usage is this share
     timeline = pd.DataFrame.from_records(
-        [row for replica in run.replicas for row in replica.timeline], columns=list(TIMELINE_FIELDS)
+        [(t, i, used / blocks, r, w) for replica in run.replicas for t, i, used, r, w in replica.timeline],
+        columns=list(TIMELINE_FIELDS),
     )
     for replica in run.replicas:
         replica.itl.fold(replica.scheduler)
@@ -119,24 +121,42 @@ def run_simulation(
 ) -> SimResult:
     """Simulate `trace` on `config`: latency from `latency`, else `profile` (fitted), else roofline.
     `prompts`: the trace's prompts already built (`simulator.sim.trace_prompts`), if any."""
-    gpu = get_gpu(config.gpu)
+    return collect(simulate_config(trace, config, profile, latency, progress, prompts), slo)
+
+
+def simulate_config(
+    trace,
+    config: SimConfig,
+    profile: str | Path | None = None,
+    latency: LatencyModel | None = None,
+    progress: bool = False,
+    prompts: list[list[int]] | None = None,
+) -> SimRun:
+    """`run_simulation` before `collect`: the raw run (its `latency` holds the model used)."""
+    get_gpu(config.gpu)  # an unknown GPU fails here, whatever else is given
     if latency is None:
-        latency = load_latency_model(
-            profile, config.model, gpu, config.tensor_parallel_size, config.block_size
-        )
-    prof = getattr(latency, "profile", None)
-    num_blocks = config.num_kv_blocks
-    if (
-        num_blocks is None
-        and prof is not None
-        and prof.num_kv_blocks
-        and prof.block_size == config.block_size
-    ):
-        num_blocks = prof.num_kv_blocks
-    if num_blocks is None:
-        num_blocks = kv_blocks_per_replica(config, gpu.memory_bytes)
+        latency = load_latency(config, profile)
+    num_blocks = kv_blocks_for(config, latency)
     with relaxed_gc():
         run = simulate(trace, config, latency, num_blocks, progress=progress, prompts=prompts)
     run.extra["latency_model"] = type(latency).__name__
     run.extra["profile"] = str(profile) if profile else None
-    return collect(run, slo)
+    run.latency = latency
+    return run
+
+
+def load_latency(config: SimConfig, profile: str | Path | None = None) -> LatencyModel:
+    """The latency model of `config`: the fitted `profile`, else the roofline of its GPU."""
+    gpu = get_gpu(config.gpu)
+    return load_latency_model(profile, config.model, gpu, config.tensor_parallel_size, config.block_size)
+
+
+def kv_blocks_for(config: SimConfig, latency: LatencyModel) -> int:
+    """KV blocks per replica: the config's own count, else its profile's (recorded at the same block
+    size), else what the engine's sizing gives on the config's GPU."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    prof = getattr(latency, "profile", None)
+    if prof is not None and prof.num_kv_blocks and prof.block_size == config.block_size:
+        return prof.num_kv_blocks
+    return kv_blocks_per_replica(config, get_gpu(config.gpu).memory_bytes)

@@ -40,6 +40,8 @@ SIM_TOKEN_ID = 0
 _TOKEN_CHUNK = 256  # the token every simulated decode "samples"; prompts carry the trace's tokens
 
 TIMELINE_FIELDS = ("time_s", "replica", "kv_usage", "num_running", "num_waiting")
+# A replica's timeline rows hold the KV blocks in use where TIMELINE_FIELDS has kv_usage: `collect`
+# divides by the block count of the configuration it reports (see `CapacityUse`).
 
 
 @dataclass
@@ -50,6 +52,21 @@ class NextArrival:
 
     time: float = math.inf
     event_time: float = -math.inf
+
+
+@dataclass
+class CapacityUse:
+    """How close one replica's run came to its capacity limits (simulator/share.py reads them):
+    the most tokens a step was granted, plus the waiting head's prompt where one waited after it;
+    the most running requests; the most KV blocks its unfinished requests could ever hold at once
+    (each request's prompt + output tokens in blocks, summed from its arrival to its finish; the
+    peak also counts each arrival that was rejected, on top of the others)."""
+
+    max_step_tokens: int = 0
+    max_running: int = 0
+    max_kv_blocks: int = 0
+    kv_blocks: int = 0  # that sum now
+    num_empty_steps: int = 0  # steps scheduled with nothing in them (a run that was stuck)
 
 
 @dataclass
@@ -119,6 +136,7 @@ class Replica:
         self.records: list[tuple] = []
         self.timeline: list[tuple] = []
         self.counters = SimCounters()
+        self.capacity = CapacityUse()
         self.itl = ITLBins()
         self.batch_log: list[tuple] | None = None  # per-step decisions, when asked (tests)
         self._last_sample = -math.inf
@@ -163,9 +181,14 @@ class Replica:
             params = self._params[output_len] = SamplingParams(max_tokens=output_len, ignore_eos=True)
         seq = self.scheduler.add_request(prompt, params, arrival_time=arrival_s)
         seq.user_data = (request_id, output_len)
+        use = self.capacity
+        num_blocks = -(-(seq.num_prompt_tokens + output_len) // self.config.block_size)
+        if use.kv_blocks + num_blocks > use.max_kv_blocks:  # a rejected request's too: see CapacityUse
+            use.max_kv_blocks = use.kv_blocks + num_blocks
         if seq.status is SequenceStatus.REJECTED:
             self._record(seq)
             return seq
+        use.kv_blocks += num_blocks
         self.outstanding_tokens += seq.num_prompt_tokens + output_len
         return seq
 
@@ -225,9 +248,11 @@ class Replica:
                 counters.busy_s += end - start
             else:
                 batch = sched.schedule()
+                self._note_capacity(batch)
                 if self.batch_log is not None:
                     self.batch_log.append(batch_decisions(batch))
                 if batch.is_empty:
+                    self.capacity.num_empty_steps += 1
                     self._finish_all(sched.postprocess(batch, ()))
                     if sched.has_unfinished() and sched.schedule().is_empty:
                         raise RuntimeError(
@@ -275,6 +300,17 @@ class Replica:
         if owed:
             yield from self._wait(owed, now)
 
+    def _note_capacity(self, batch) -> None:
+        """Note the tokens and running requests of a step just scheduled (see `CapacityUse`)."""
+        use, sched = self.capacity, self.scheduler
+        tokens = batch.total_num_scheduled_tokens
+        if sched.waiting:
+            tokens += sched.waiting[0].num_tokens
+        if tokens > use.max_step_tokens:
+            use.max_step_tokens = tokens
+        if len(sched.running) > use.max_running:
+            use.max_running = len(sched.running)
+
     def _async_views(self, start: float):
         """Async scheduling, before the segment starting at `start`: hand the scheduler the requests
         it sees now; return (the latency model of a single step, the decode times of a run from
@@ -312,8 +348,11 @@ class Replica:
             yield env.timeout(delay)
 
     def _finish_all(self, finished: list[Sequence]) -> None:
+        bs, use = self.config.block_size, self.capacity
         for seq in finished:
-            self.outstanding_tokens -= seq.num_prompt_tokens + seq.user_data[1]
+            num_tokens = seq.num_prompt_tokens + seq.user_data[1]
+            self.outstanding_tokens -= num_tokens
+            use.kv_blocks -= -(-num_tokens // bs)
             self._record(seq)
 
     def _record(self, seq: Sequence) -> None:
@@ -331,7 +370,7 @@ class Replica:
             self._last_sample = self.clock
             s = self.scheduler
             self.timeline.append(
-                (self.clock, self.index, self.block_manager.usage, s.num_running, s.num_waiting)
+                (self.clock, self.index, self.block_manager.num_used_blocks, s.num_running, s.num_waiting)
             )
 
 
@@ -362,6 +401,7 @@ class SimRun:
     wall_s: float
     trace_name: str = ""
     extra: dict = field(default_factory=dict)
+    latency: LatencyModel | None = None  # the model that timed the steps
 
 
 def simulate(

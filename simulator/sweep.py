@@ -2,7 +2,9 @@
 
 A point is one `SimConfig` over one trace; `simulate_point` turns it into one flat row (config
 columns, metrics, cost, wall time, error). `PointRunner` runs points inline, in a local process pool
-or as Ray tasks; `run_sweep` adds resume and atomic incremental writes. No search logic here (plan.py).
+or as Ray tasks, one simulation for all the points that differ only in capacity limits its run never
+reached (`SharePlan`, simulator/share.py: the same rows); `run_sweep` adds resume and atomic
+incremental writes. No search logic here (plan.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from simulator import share
 from simulator.cli import default_profile
 from simulator.config import ROUTERS, SimConfig
 from simulator.latency.base import LatencyModel
@@ -34,7 +37,7 @@ from simulator.plan import (
     parse_objectives,
     violations,
 )
-from simulator.run import run_simulation
+from simulator.run import collect, kv_blocks_for, simulate_config
 from simulator.sim import trace_prompts
 
 KEY_VERSION = 1
@@ -414,15 +417,50 @@ def simulate_point(
     `point` holds axis values and optionally `rate_scale` (replay that many times faster).
     `prompts` keeps the trace's prompts between the points that one process runs.
     """
+    return simulate_points(ctx, point, (), prompts)[0]
+
+
+def simulate_points(
+    ctx: RunContext,
+    point: Mapping[str, Any],
+    others: Sequence[Mapping[str, Any]] = (),
+    prompts: PromptCache | None = None,
+) -> list[dict[str, Any] | None]:
+    """The row of `point` (as `simulate_point`), then for each of `others` its row where the run of
+    `point` stands for it (simulator/share.py: it differs only in capacity limits that the run never
+    met), else None. Those rows are the ones their own runs would give, `wall_s` aside."""
     t0 = time.perf_counter()
-    row: dict[str, Any] = {
-        "trace": ctx.trace_label,
-        "model": ctx.model,
-        "profile": ctx.profile,
-        "slo": ctx.slo,
-    }
-    row.update(point)
+    row = _row_start(ctx, point)
+    rows: list[dict[str, Any] | None] = [row] + [None] * len(others)
     try:
+        setup = _PointSetup.of(ctx, point, prompts)
+        run = simulate_config(setup.trace, setup.config, setup.profile, setup.latency, prompts=setup.prompts)
+        _fill_row(row, ctx, setup.config, setup.profile, collect(run, setup.slo).summary)
+    except Exception as e:  # a point that cannot run is recorded, not fatal
+        row["error"] = str(e) or type(e).__name__
+        row["error_type"] = type(e).__name__
+        row["wall_s"] = time.perf_counter() - t0
+        return rows
+    row["wall_s"] = time.perf_counter() - t0
+    if others and ctx.latency is None:  # (a model built by `ctx.latency` may read any field)
+        rows[1:] = _shared_rows(ctx, run, setup, others)
+    return rows
+
+
+@dataclass(frozen=True)
+class _PointSetup:
+    """What simulating a point takes: its config, trace (rate-scaled), profile, latency model (from
+    `ctx.latency` only), SLO and the prompts a PromptCache keeps (or None)."""
+
+    config: SimConfig
+    trace: Any
+    profile: Path | None
+    latency: LatencyModel | None
+    slo: SLO | None
+    prompts: list[list[int]] | None
+
+    @classmethod
+    def of(cls, ctx: RunContext, point: Mapping[str, Any], prompts: PromptCache | None) -> _PointSetup:
         config = point_config(ctx.model, point)
         trace = ctx.trace
         scale = point.get("rate_scale")
@@ -441,25 +479,62 @@ def simulate_point(
         latency = ctx.latency(config) if ctx.latency is not None else None
         slo = SLO.parse(ctx.slo) if ctx.slo else None
         shared = prompts.get(ctx.trace, config) if prompts is not None else None
-        result = run_simulation(trace, config, profile=profile, latency=latency, slo=slo, prompts=shared)
-        summary = result.summary
-        row.update({k: v for k, v in summary.items() if k not in _SUMMARY_SKIP and _is_scalar(v)})
-        row["profile_used"] = str(profile) if profile is not None else "roofline"
-        row["cost_per_hour_usd"] = cost_per_hour(config.gpu, config.num_gpus)
-        row["cost_per_million_output_tokens_usd"] = cost_per_million_tokens(
-            config.gpu, config.num_gpus, summary["output_tok_s"]
-        )
-        if ctx.slo:
-            failed = violations(summary, parse_objectives(ctx.slo))
-            row["slo_met"] = not failed
-            row["slo_failed"] = describe_violations(failed)
-        row["error"] = None
-        row["error_type"] = None
-    except Exception as e:  # a point that cannot run is recorded, not fatal
-        row["error"] = str(e) or type(e).__name__
-        row["error_type"] = type(e).__name__
-    row["wall_s"] = time.perf_counter() - t0
+        return cls(config, trace, profile, latency, slo, shared)
+
+
+def _row_start(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "trace": ctx.trace_label,
+        "model": ctx.model,
+        "profile": ctx.profile,
+        "slo": ctx.slo,
+    }
+    row.update(point)
     return row
+
+
+def _fill_row(
+    row: dict[str, Any], ctx: RunContext, config: SimConfig, profile: Path | None, summary: dict
+) -> None:
+    """A point's metrics, profile, cost and SLO verdict from its simulation's summary."""
+    row.update({k: v for k, v in summary.items() if k not in _SUMMARY_SKIP and _is_scalar(v)})
+    row["profile_used"] = str(profile) if profile is not None else "roofline"
+    row["cost_per_hour_usd"] = cost_per_hour(config.gpu, config.num_gpus)
+    row["cost_per_million_output_tokens_usd"] = cost_per_million_tokens(
+        config.gpu, config.num_gpus, summary["output_tok_s"]
+    )
+    if ctx.slo:
+        failed = violations(summary, parse_objectives(ctx.slo))
+        row["slo_met"] = not failed
+        row["slo_failed"] = describe_violations(failed)
+    row["error"] = None
+    row["error_type"] = None
+
+
+def _shared_rows(
+    ctx: RunContext, run: Any, setup: _PointSetup, others: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any] | None]:
+    """`simulate_points`' rows of `others` from the run of a point (`setup`)."""
+    neutral: bool | None = None  # prefix_neutral of the prompts, once asked
+    rows: list[dict[str, Any] | None] = []
+    for point in others:
+        t0 = time.perf_counter()
+        try:
+            config = point_config(ctx.model, point)
+            num_blocks = kv_blocks_for(config, run.latency)
+        except Exception:  # run alone, it records its error
+            rows.append(None)
+            continue
+        if neutral is None:
+            neutral = setup.prompts is not None and share.prefix_neutral(setup.prompts, config.block_size)
+        if not share.shares_run(run, config, num_blocks, neutral):
+            rows.append(None)
+            continue
+        row = _row_start(ctx, point)
+        _fill_row(row, ctx, config, setup.profile, share.derive(run, config, num_blocks, setup.slo).summary)
+        row["wall_s"] = time.perf_counter() - t0
+        rows.append(row)
+    return rows
 
 
 def _is_scalar(v: Any) -> bool:
@@ -477,9 +552,72 @@ def _init_worker(ctx: RunContext) -> None:
     _WORKER_CTX, _WORKER_PROMPTS = ctx, PromptCache()
 
 
-def _pool_task(point: Mapping[str, Any]) -> dict[str, Any]:
+def _pool_task(point: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
     assert _WORKER_CTX is not None, "worker not initialised"
-    return simulate_point(_WORKER_CTX, point, _WORKER_PROMPTS)
+    return simulate_points(_WORKER_CTX, point, others, _WORKER_PROMPTS)
+
+
+def _ray_task(
+    ctx: RunContext, point: Mapping[str, Any], others: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any] | None]:
+    """`simulate_points` in a Ray worker, with the prompts that worker process keeps."""
+    global _WORKER_PROMPTS
+    if _WORKER_PROMPTS is None:
+        _WORKER_PROMPTS = PromptCache()
+    return simulate_points(ctx, point, others, _WORKER_PROMPTS)
+
+
+def _limits(point: Mapping[str, Any]) -> tuple:
+    """A point's capacity limits, loosest last: token budget, sequences, KV blocks (its count, or
+    None, sized from memory: taken as the larger), memory share."""
+    get = point.get
+    blocks = get("num_kv_blocks", AXIS_DEFAULTS["num_kv_blocks"])
+    return (
+        get("max_num_batched_tokens", AXIS_DEFAULTS["max_num_batched_tokens"]),
+        get("max_num_seqs", AXIS_DEFAULTS["max_num_seqs"]),
+        blocks is None,
+        blocks or 0,
+        get("gpu_memory_utilization", AXIS_DEFAULTS["gpu_memory_utilization"]),
+    )
+
+
+class SharePlan:
+    """The order points run in, so that one simulation serves every point it stands for
+    (`simulate_points`): a task is (a point to run, the points its run may stand for).
+
+    Points that differ only in capacity axes (share.CAPACITY_FIELDS) form a group. Each group first
+    runs its point of loosest limits for all the others; those it does not stand for then run by
+    token budget (the point of most sequences and blocks for the rest of its budget), and what is
+    still left runs alone. Tasks are handed out as they become ready (`ready`, `done`)."""
+
+    def __init__(self, points: Sequence[Mapping[str, Any]]) -> None:
+        self.points = points
+        groups: dict[str, list[int]] = {}
+        for i, point in enumerate(points):
+            rest = {k: v for k, v in point.items() if k not in share.CAPACITY_FIELDS}
+            groups.setdefault(json.dumps(rest, sort_keys=True, default=repr), []).append(i)
+        self.ready: list[tuple[int, list[int]]] = [self._task(g) for g in groups.values()]
+
+    def _task(self, indices: list[int]) -> tuple[int, list[int]]:
+        order = sorted(indices, key=lambda i: _limits(self.points[i]), reverse=True)
+        return order[0], order[1:]
+
+    def done(self, task: tuple[int, list[int]], rows: Sequence[dict[str, Any] | None]) -> None:
+        """Note a task's rows (`simulate_points`'): the points left without one get tasks."""
+        run, others = task
+        left = [i for i, row in zip(others, rows[1:]) if row is None]
+        budget = _limits(self.points[run])[0]
+        if all(_limits(self.points[i])[0] == budget for i in others):  # a task of one budget
+            self.ready += [(i, []) for i in left]
+            return
+        by_budget: dict[Any, list[int]] = {}
+        for i in left:
+            by_budget.setdefault(_limits(self.points[i])[0], []).append(i)
+        self.ready += [self._task(g) for g in by_budget.values()]
+
+    def take(self) -> list[tuple[int, list[int]]]:
+        tasks, self.ready = self.ready, []
+        return tasks
 
 
 class PointRunner:
@@ -528,13 +666,29 @@ class PointRunner:
         """Yield (index into points, row) as points finish."""
         if not points:
             return
+        plan = SharePlan(points)
         if self.ray_address is not None:
-            yield from self._ray(points)
+            yield from self._ray(plan)
         elif self.workers == 1:
-            for i, p in enumerate(points):
-                yield i, simulate_point(self.ctx, p, self._prompts)
+            while plan.ready:
+                for task in plan.take():
+                    yield from self._finish(plan, task, self._run_task(task, points))
         else:
-            yield from self._local(points)
+            yield from self._local(plan)
+
+    def _run_task(self, task: tuple[int, list[int]], points: Sequence[Mapping[str, Any]]) -> list:
+        run, others = task
+        return simulate_points(self.ctx, points[run], [points[i] for i in others], self._prompts)
+
+    @staticmethod
+    def _finish(
+        plan: SharePlan, task: tuple[int, list[int]], rows: list[dict[str, Any] | None]
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Yield a task's rows (index into the points, row); plan what it left."""
+        plan.done(task, rows)
+        for i, row in zip([task[0], *task[1]], rows):
+            if row is not None:
+                yield i, row
 
     def run(self, points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Rows of `points`, in their order."""
@@ -543,7 +697,7 @@ class PointRunner:
             rows[i] = row
         return rows
 
-    def _local(self, points: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _local(self, plan: SharePlan) -> Iterator[tuple[int, dict[str, Any]]]:
         import multiprocessing
 
         if self._pool is None:
@@ -553,15 +707,19 @@ class PointRunner:
                 initializer=_init_worker,
                 initargs=(self.ctx,),
             )
-        futures = {self._pool.submit(_pool_task, dict(p)): i for i, p in enumerate(points)}
-        pending = set(futures)
+        points = plan.points
+        futures: dict[Any, tuple[int, list[int]]] = {}
         try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            while plan.ready or futures:
+                for task in plan.take():
+                    run, others = task
+                    fut = self._pool.submit(_pool_task, dict(points[run]), [dict(points[i]) for i in others])
+                    futures[fut] = task
+                done, _ = wait(set(futures), return_when=FIRST_COMPLETED)
                 for fut in done:
-                    yield futures[fut], fut.result()
+                    yield from self._finish(plan, futures.pop(fut), fut.result())
         finally:
-            for fut in pending:
+            for fut in futures:
                 fut.cancel()
 
     def _ensure_ray(self) -> None:
@@ -575,27 +733,34 @@ class PointRunner:
             ray.init(address=self.ray_address, logging_level="WARNING")
         self._ray_started = True
 
-    def _ray(self, points: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _ray(self, plan: SharePlan) -> Iterator[tuple[int, dict[str, Any]]]:
         import ray
 
         self._ensure_ray()
         if self._ray_ctx is None:
             self._ray_ctx = ray.put(self.ctx)
-            self._ray_task = ray.remote(num_cpus=1, max_retries=0)(simulate_point)
-        refs = {self._ray_task.remote(self._ray_ctx, dict(p)): i for i, p in enumerate(points)}
-        pending = list(refs)
+            self._ray_task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
+        points = plan.points
+        refs: dict[Any, tuple[int, list[int]]] = {}
         try:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
+            while plan.ready or refs:
+                for task in plan.take():
+                    run, others = task
+                    ref = self._ray_task.remote(
+                        self._ray_ctx, dict(points[run]), [dict(points[i]) for i in others]
+                    )
+                    refs[ref] = task
+                done, _ = ray.wait(list(refs), num_returns=1)
                 for ref in done:
-                    i = refs[ref]
+                    task = refs.pop(ref)
                     try:
-                        row = ray.get(ref)
+                        rows = ray.get(ref)
                     except Exception as e:  # a lost worker: record it, retry on resume
-                        row = {**points[i], "error": f"ray task failed: {e}", "error_type": type(e).__name__}
-                    yield i, row
+                        error = {"error": f"ray task failed: {e}", "error_type": type(e).__name__}
+                        rows = [{**points[i], **error} for i in [task[0], *task[1]]]
+                    yield from self._finish(plan, task, rows)
         finally:
-            for ref in pending:
+            for ref in refs:
                 ray.cancel(ref)
 
 

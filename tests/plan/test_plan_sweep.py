@@ -31,7 +31,7 @@ def small_spec(grid: dict, **over) -> SweepSpec:
 def counted(monkeypatch):
     """Count (and optionally interrupt) the simulations a sweep runs in this process."""
     state = {"calls": 0, "fail_at": None}
-    real = sweep.run_simulation
+    real = sweep.simulate_config
 
     def counting(*args, **kwargs):
         state["calls"] += 1
@@ -39,13 +39,13 @@ def counted(monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sweep, "run_simulation", counting)
+    monkeypatch.setattr(sweep, "simulate_config", counting)
     return state
 
 
 def test_resume_skips_points_already_in_the_output(tmp_path, counted):
     out = tmp_path / "r.parquet"
-    spec = small_spec({"block_size": [16, 32], "max_num_seqs": [64, 128]})
+    spec = small_spec({"block_size": [16, 32], "policy": ["chunked", "prefill_first"]})
     rep = run_sweep(spec, out, workers=1, progress=False)
     assert counted["calls"] == 4 and (rep.num_run, rep.num_skipped, rep.num_errors) == (4, 0, 0)
     first = pd.read_parquet(out)
@@ -55,7 +55,7 @@ def test_resume_skips_points_already_in_the_output(tmp_path, counted):
     assert counted["calls"] == 4 and (rep.num_run, rep.num_skipped) == (0, 4)
     pd.testing.assert_frame_equal(pd.read_parquet(out), first)
 
-    bigger = small_spec({"block_size": [16, 32, 64], "max_num_seqs": [64, 128]})
+    bigger = small_spec({"block_size": [16, 32, 64], "policy": ["chunked", "prefill_first"]})
     rep = run_sweep(bigger, out, workers=1, progress=False)
     assert counted["calls"] == 6 and (rep.num_run, rep.num_skipped) == (2, 4)
     df = pd.read_parquet(out)
@@ -70,7 +70,7 @@ def test_resume_skips_points_already_in_the_output(tmp_path, counted):
 
 def test_an_interrupted_sweep_keeps_every_finished_point(tmp_path, counted):
     out = tmp_path / "r.parquet"
-    spec = small_spec({"max_num_seqs": [16, 32, 64, 128, 256]})
+    spec = small_spec({"block_size": [16, 32, 64, 128, 256]})
     counted["fail_at"] = 3
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, out, workers=1, progress=False)
@@ -79,7 +79,7 @@ def test_an_interrupted_sweep_keeps_every_finished_point(tmp_path, counted):
     counted["fail_at"] = None
     rep = run_sweep(spec, out, workers=1, progress=False)
     assert (rep.num_run, rep.num_skipped) == (3, 2) and counted["calls"] == 6
-    assert pd.read_parquet(out)["max_num_seqs"].tolist() == [16, 32, 64, 128, 256]
+    assert pd.read_parquet(out)["block_size"].tolist() == [16, 32, 64, 128, 256]
 
 
 def test_invalid_points_are_recorded_not_raised(tmp_path, counted):
@@ -121,12 +121,12 @@ def test_failures_other_than_invalid_configs_are_retried(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("worker lost")
 
-    real = sweep.run_simulation
-    monkeypatch.setattr(sweep, "run_simulation", broken)
+    real = sweep.simulate_config
+    monkeypatch.setattr(sweep, "simulate_config", broken)
     assert run_sweep(spec, out, workers=1, progress=False).num_errors == 2
     assert pd.read_parquet(out)["error_type"].tolist() == ["RuntimeError", "RuntimeError"]
     assert pd.read_parquet(out)["error"].tolist() == ["worker lost", "worker lost"]
-    monkeypatch.setattr(sweep, "run_simulation", real)
+    monkeypatch.setattr(sweep, "simulate_config", real)
     rep = run_sweep(spec, out, workers=1, progress=False)
     assert (rep.num_run, rep.num_errors) == (2, 0)
     assert pd.read_parquet(out)["error"].isna().all()
@@ -153,6 +153,48 @@ def test_a_process_pool_and_ray_give_the_same_rows_as_inline(tmp_path):
     finally:
         ray.shutdown()
     pd.testing.assert_frame_equal(_rows(tmp_path / "ray.parquet"), inline)
+
+
+def test_points_that_differ_in_limits_they_never_reach_share_a_run(tmp_path, counted, monkeypatch):
+    """Points that differ only in capacity limits share one simulation where its run shows that
+    they schedule alike (simulator/share.py), whatever runs them: their rows are their own runs'."""
+    grid = {
+        "block_size": [16, 32],
+        "max_num_seqs": [1, 64, 128],
+        "max_num_batched_tokens": [256, 4096],
+        "num_kv_blocks": [20, None],
+    }
+    spec = small_spec(grid, slo="ttft=1s")
+    num_points = len(spec.points())
+    run_sweep(spec, tmp_path / "inline.parquet", workers=1, progress=False)
+    shared_calls = counted["calls"]
+    assert 2 < shared_calls < num_points  # some points share, some limits bind
+    run_sweep(spec, tmp_path / "pool.parquet", workers=2, progress=False)
+    monkeypatch.setattr(sweep.share, "shares_run", lambda *args: False)
+    run_sweep(spec, tmp_path / "alone.parquet", workers=1, progress=False)
+    assert counted["calls"] == shared_calls + num_points
+    alone = _rows(tmp_path / "alone.parquet")
+    assert alone["error"].isna().all()
+    pd.testing.assert_frame_equal(_rows(tmp_path / "inline.parquet"), alone)
+    pd.testing.assert_frame_equal(_rows(tmp_path / "pool.parquet"), alone)
+
+
+def test_share_plan_runs_the_loosest_limits_first_then_by_budget():
+    points = [
+        {"gpu": g, "max_num_seqs": m, "max_num_batched_tokens": b}
+        for g in ("H100", "A100")
+        for m in (64, 256)
+        for b in (2048, 8192)
+    ]
+    plan = sweep.SharePlan(points)
+    first = plan.take()
+    assert first == [(3, [1, 2, 0]), (7, [5, 6, 4])]
+    plan.done(first[0], [{}, None, None, None])  # its run stood for none of them: by budget
+    assert plan.take() == [(1, []), (2, [0])]
+    plan.done((2, [0]), [{}, None])  # one budget: what is left runs alone
+    plan.done(first[1], [{}, {}, None, {}])
+    assert plan.take() == [(0, []), (6, [])]
+    assert not plan.ready
 
 
 def test_points_sharing_prompts_give_the_same_rows(tmp_path):
