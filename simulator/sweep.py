@@ -443,7 +443,7 @@ def simulate_points(
         return rows
     row["wall_s"] = time.perf_counter() - t0
     if others and ctx.latency is None:  # (a model built by `ctx.latency` may read any field)
-        rows[1:] = _shared_rows(ctx, run, setup, others)
+        rows[1:] = _shared_rows(ctx, run, setup, point, others)
     return rows
 
 
@@ -512,15 +512,23 @@ def _fill_row(
 
 
 def _shared_rows(
-    ctx: RunContext, run: Any, setup: _PointSetup, others: Sequence[Mapping[str, Any]]
+    ctx: RunContext,
+    run: Any,
+    setup: _PointSetup,
+    point: Mapping[str, Any],
+    others: Sequence[Mapping[str, Any]],
 ) -> list[dict[str, Any] | None]:
-    """`simulate_points`' rows of `others` from the run of a point (`setup`)."""
+    """`simulate_points`' rows of `others` from the run of `point` (set up as `setup`)."""
     neutral: bool | None = None  # prefix_neutral of the prompts, once asked
     rows: list[dict[str, Any] | None] = []
-    for point in others:
+    key = _group_key(point)
+    for other in others:
         t0 = time.perf_counter()
+        if _group_key(other) != key:  # another trace scale or axis the config does not show
+            rows.append(None)
+            continue
         try:
-            config = point_config(ctx.model, point)
+            config = point_config(ctx.model, other)
             num_blocks = kv_blocks_for(config, run.latency)
         except Exception:  # run alone, it records its error
             rows.append(None)
@@ -530,7 +538,7 @@ def _shared_rows(
         if not share.shares_run(run, config, num_blocks, neutral):
             rows.append(None)
             continue
-        row = _row_start(ctx, point)
+        row = _row_start(ctx, other)
         _fill_row(row, ctx, config, setup.profile, share.derive(run, config, num_blocks, setup.slo).summary)
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
@@ -567,6 +575,12 @@ def _ray_task(
     return simulate_points(ctx, point, others, _WORKER_PROMPTS)
 
 
+def _group_key(point: Mapping[str, Any]) -> str:
+    """A point's axes but its capacity limits: points of one key may share a run."""
+    rest = {k: v for k, v in point.items() if k not in share.CAPACITY_FIELDS}
+    return json.dumps(rest, sort_keys=True, default=repr)
+
+
 def _limits(point: Mapping[str, Any]) -> tuple:
     """A point's capacity limits, loosest last: token budget, sequences, KV blocks (its count, or
     None, sized from memory: taken as the larger), memory share."""
@@ -594,8 +608,7 @@ class SharePlan:
         self.points = points
         groups: dict[str, list[int]] = {}
         for i, point in enumerate(points):
-            rest = {k: v for k, v in point.items() if k not in share.CAPACITY_FIELDS}
-            groups.setdefault(json.dumps(rest, sort_keys=True, default=repr), []).append(i)
+            groups.setdefault(_group_key(point), []).append(i)
         self.ready: list[tuple[int, list[int]]] = [self._task(g) for g in groups.values()]
 
     def _task(self, indices: list[int]) -> tuple[int, list[int]]:

@@ -168,7 +168,7 @@ def test_points_that_differ_in_limits_they_never_reach_share_a_run(tmp_path, cou
     num_points = len(spec.points())
     run_sweep(spec, tmp_path / "inline.parquet", workers=1, progress=False)
     shared_calls = counted["calls"]
-    assert 2 < shared_calls < num_points  # some points share, some limits bind
+    assert (shared_calls, num_points) == (14, 24)  # some points share, some limits bind
     run_sweep(spec, tmp_path / "pool.parquet", workers=2, progress=False)
     monkeypatch.setattr(sweep.share, "shares_run", lambda *args: False)
     run_sweep(spec, tmp_path / "alone.parquet", workers=1, progress=False)
@@ -177,6 +177,25 @@ def test_points_that_differ_in_limits_they_never_reach_share_a_run(tmp_path, cou
     assert alone["error"].isna().all()
     pd.testing.assert_frame_equal(_rows(tmp_path / "inline.parquet"), alone)
     pd.testing.assert_frame_equal(_rows(tmp_path / "pool.parquet"), alone)
+
+
+def test_a_run_stands_only_for_points_of_its_own_trace_and_axes(counted):
+    """`simulate_points` derives rows only for points that differ from the run's in capacity axes:
+    one at another rate scale, or another block size, gets None (it must run alone). (It derives
+    none without the prompts a PromptCache keeps: their first blocks' hashes decide.)"""
+    spec = small_spec({"max_num_seqs": [64, 128]})
+    ctx = spec.context()
+    run, looser = spec.points()[1], spec.points()[0]
+    others = [looser, {**looser, "rate_scale": 2.0}, {**looser, "block_size": 32}]
+    rows = sweep.simulate_points(ctx, run, others, sweep.PromptCache())
+    assert counted["calls"] == 1 and rows[0]["error"] is None
+    assert rows[1] is not None and rows[1]["max_num_seqs"] == 64
+    assert rows[2:] == [None, None]
+    alone = sweep.simulate_point(ctx, looser)
+    drop = set(TIMING)
+    assert {k: v for k, v in rows[1].items() if k not in drop} == {
+        k: v for k, v in alone.items() if k not in drop
+    }
 
 
 def test_share_plan_runs_the_loosest_limits_first_then_by_budget():
