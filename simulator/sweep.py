@@ -428,9 +428,11 @@ def simulate_points(
 ) -> list[dict[str, Any] | None]:
     """The row of `point` (as `simulate_point`), then for each of `others` its row where the run of
     `point` stands for it (simulator/share.py: it differs only in capacity limits that the run never
-    met), else None. Those rows are the ones their own runs would give, `wall_s` aside."""
+    met), else None. Those rows are the ones their own runs would give, but for `wall_s` (the time
+    to derive one) and `shared_run` (True: derived from the run of another point)."""
     t0 = time.perf_counter()
     row = _row_start(ctx, point)
+    row["shared_run"] = False
     rows: list[dict[str, Any] | None] = [row] + [None] * len(others)
     try:
         setup = _PointSetup.of(ctx, point, prompts)
@@ -539,6 +541,7 @@ def _shared_rows(
             rows.append(None)
             continue
         row = _row_start(ctx, other)
+        row["shared_run"] = True
         _fill_row(row, ctx, config, setup.profile, share.derive(run, config, num_blocks, setup.slo).summary)
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)

@@ -18,7 +18,7 @@ PRICES = {
     name: g["price_per_hour_usd"] for name, g in json.loads(Path(GPUS_JSON).read_text())["gpus"].items()
 }
 # Columns that measure the host, not the simulated system.
-TIMING = ["wall_s", "sim_wall_s", "sim_speedup"]
+TIMING = ["wall_s", "sim_wall_s", "sim_speedup", "shared_run"]  # and how a row was made
 
 
 def small_spec(grid: dict, **over) -> SweepSpec:
@@ -169,6 +169,7 @@ def test_points_that_differ_in_limits_they_never_reach_share_a_run(tmp_path, cou
     run_sweep(spec, tmp_path / "inline.parquet", workers=1, progress=False)
     shared_calls = counted["calls"]
     assert (shared_calls, num_points) == (14, 24)  # some points share, some limits bind
+    assert int(pd.read_parquet(tmp_path / "inline.parquet")["shared_run"].sum()) == 10
     run_sweep(spec, tmp_path / "pool.parquet", workers=2, progress=False)
     monkeypatch.setattr(sweep.share, "shares_run", lambda *args: False)
     run_sweep(spec, tmp_path / "alone.parquet", workers=1, progress=False)
