@@ -22,7 +22,7 @@ from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
 from engine.config import ModelSpec, cdiv, num_kv_blocks
 from engine.kv_cache import KVCache
-from engine.layers import argmax, gemv, graph_inputs, triton_ops
+from engine.layers import argmax, gemv, graph_inputs, head_argmax, triton_ops
 from engine.layers.distributed import min_over_ranks
 from engine.layers.layernorm import LAYER_IMPLS
 from engine.loader import load_weights
@@ -133,6 +133,8 @@ class ModelRunner:
         self.kv_cache: KVCache | None = None
         self.model = self._load_model(model_dir, hf_config, tp_rank, tp_size)
         self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
+        # one-row all-greedy steps: the LM head and the argmax in one pass (unless $KVPLAN_HEAD_ARGMAX=0)
+        self.fused_head = self.cuda and tp_size == 1 and head_argmax.enabled()
         # two pinned buffers, used in turn: with async scheduling the host builds step n+1's inputs
         # while step n's host-to-device copy may still be queued
         self._stagings = (self._staging_buffer(), self._staging_buffer())
@@ -269,6 +271,8 @@ class ModelRunner:
             self.run(batch)
         if self.cuda and self.sampler.triton_argmax:  # every sampler argmax variant: logits, probs
             argmax.warmup(self.spec.vocab_size, {self.dtype, torch.float32}, self.max_num_seqs, self.device)
+        if self.fused_head:
+            head_argmax.warmup(self.model.lm_head.weight)
         if self.cuda:
             torch.cuda.synchronize()
 
@@ -401,23 +405,40 @@ class ModelRunner:
         host), replacing those the sequences hold."""
         if timer is not None:
             timer.start()
-        logits, inputs = self.compute_logits(batch, input_ids)
-        tokens = None
-        if logits is not None:
-            top_ks = inputs.top_ks if inputs.needs_top_k_top_p else None
-            top_ps = inputs.top_ps if inputs.needs_top_k_top_p else None
-            tokens = self.sampler(logits, inputs.temperatures, top_ks, top_ps, all_greedy=inputs.all_greedy)
+        hidden, inputs = self.forward(batch, input_ids)
+        tokens = self._sample(hidden, inputs) if inputs.sampled_seq_indices else None
         if timer is not None:
             timer.stop()
         return tokens, inputs.sampled_seq_indices
+
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor | None:
+        """The sampled token ids of the rows of `hidden` (None on a tensor-parallel rank other than 0):
+        a one-row greedy step through the fused head + argmax, others through logits and the sampler."""
+        head = self.model.lm_head.weight
+        if inputs.all_greedy and self.fused_head and head_argmax.serves(hidden, head):
+            return head_argmax.head_argmax(hidden, head)
+        logits = self.model.compute_logits(hidden)
+        if logits is None:
+            return None
+        top_ks = inputs.top_ks if inputs.needs_top_k_top_p else None
+        top_ps = inputs.top_ps if inputs.needs_top_k_top_p else None
+        return self.sampler(logits, inputs.temperatures, top_ks, top_ps, all_greedy=inputs.all_greedy)
 
     @torch.inference_mode()
     def compute_logits(
         self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, StepInputs]:
-        """Forward the batch (decode through a CUDA graph when one fits); logits of the rows that
-        sample, in batch order (None when no row samples, or on a tensor-parallel rank other than 0).
-        `input_ids`: as for `launch`."""
+        """Forward the batch; logits of the rows that sample, in batch order (None when no row samples,
+        or on a tensor-parallel rank other than 0). `input_ids`: as for `launch`."""
+        hidden, inputs = self.forward(batch, input_ids)
+        logits = self.model.compute_logits(hidden) if inputs.sampled_seq_indices else None
+        return logits, inputs
+
+    def forward(
+        self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, StepInputs]:
+        """Forward the batch (decode through a CUDA graph when one fits): the final hidden states of
+        the rows that sample, in batch order. `input_ids`: as for `launch`."""
         staging = self._stagings[self._num_built & 1]
         self._num_built += 1
         inputs = build_step_inputs(batch, self.block_size, self.device, staging)
@@ -435,13 +456,14 @@ class ModelRunner:
                 hidden = self.model(inputs.input_ids, inputs.positions)
             hidden = hidden[inputs.logits_indices]
         self.last_graph_batch_size = graph_bs
-        logits = self.model.compute_logits(hidden) if inputs.sampled_seq_indices else None
-        return logits, inputs
+        return hidden, inputs
 
     def compile_count(self) -> int:
         """Kernel variants compiled so far (attention backend, the Triton kernels, torch.compile graphs)."""
         count = self.backend.compile_count() + triton_ops.compiled_variants() + gemv.compiled_variants()
-        count += argmax.compiled_variants() + graph_inputs.compiled_variants()
+        count += (
+            argmax.compiled_variants() + graph_inputs.compiled_variants() + head_argmax.compiled_variants()
+        )
         if self.cuda:
             from torch._dynamo.utils import counters
 
