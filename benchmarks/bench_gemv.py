@@ -86,7 +86,7 @@ def bench_shape(name: str, n: int, k: int, layers: int, rows: int, sweep: bool) 
     return [
         f"{name:<13} rows {rows}: cuBLAS {t_cublas * 1e6:7.2f} µs ({per / t_cublas:5.2f} GB/s)"
         f"  triton {t_triton * 1e6:7.2f} µs ({per / t_triton:5.2f} GB/s)"
-        f" {gemv.block_sizes(rows, k) if gemv.serves(x, ws[0]) else 'cuBLAS'}{best}"
+        f" {gemv.block_sizes(rows, n, k) if gemv.serves(x, ws[0]) else 'cuBLAS'}{best}"
     ]
 
 

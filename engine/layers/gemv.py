@@ -80,14 +80,34 @@ def silu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return _launch(PROLOGUE_SILU, x, None, None, 0.0, weight, bias, None)
 
 
-def block_sizes(rows: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) for `rows` rows and k input features: two output features a
-    program (thousands of programs spread the read over every SM), at most 4k products a tile so the
-    [rows, BLOCK_N, BLOCK_K] product stays in registers. The best of a sweep at one row on an H200
-    (benchmarks/bench_gemv.py --sweep)."""
+# One-row tiles measured in place (benchmarks/tune_decode_tiles.py: the engine's one-row decode graph,
+# under PDL and the weight prefetch, recaptured for each candidate) on an H200 for Qwen3-0.6B: the graph
+# took 720 µs with `block_sizes`' rule and 656 µs with these (docs/PERF.md). Keyed by (prologue, N, K).
+ONE_ROW_TILES = {
+    (PROLOGUE_NORM, 4096, 1024): (2, 1024, 4),  # RMSNorm + QKV
+    (PROLOGUE_NONE, 1024, 2048): (2, 2048, 4),  # o_proj (the rule's tile)
+    (PROLOGUE_NORM, 6144, 1024): (8, 1024, 2),  # RMSNorm + gate/up
+    (PROLOGUE_SILU, 1024, 3072): (4, 4096, 4),  # SiLU-and-multiply + down: the whole row prefetched
+}
+
+
+def block_sizes(rows: int, n: int, k: int, prologue: int = PROLOGUE_NONE) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) for `rows` rows of a projection to n features from k, after
+    `prologue`: a tuned one-row tile of ONE_ROW_TILES where there is one (unless
+    $KVPLAN_GEMV_TUNED_TILES=0), else the rule: two output features a program (thousands of programs
+    spread the read over every SM), at most 4k products a tile so the [rows, BLOCK_N, BLOCK_K] product
+    stays in registers (the best of benchmarks/bench_gemv.py --sweep at one row, one kernel at a time)."""
+    if rows == 1 and (prologue, n, k) in ONE_ROW_TILES and tuned_tiles():
+        return ONE_ROW_TILES[prologue, n, k]
     block_n = 2
     block_k = min(_next_power_of_2(k), max(64, 4096 // (block_n * _next_power_of_2(rows))))
     return block_n, block_k, 2 if block_n * block_k <= 2048 else 4
+
+
+@functools.cache
+def tuned_tiles() -> bool:
+    """Whether one-row projections take ONE_ROW_TILES; $KVPLAN_GEMV_TUNED_TILES=0 turns them off."""
+    return pdl.env_switch("KVPLAN_GEMV_TUNED_TILES")
 
 
 def _next_power_of_2(n: int) -> int:
@@ -103,7 +123,7 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, summed, tiles
     if x.stride(-1) != 1 or not weight.is_contiguous():
         raise ValueError("gemv: the input's rows and the weight must be contiguous")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = tiles or block_sizes(m, weight.shape[1])
+    block_n, block_k, warps = tiles or block_sizes(m, n, weight.shape[1], prologue)
     has_res = residual is not None
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x,

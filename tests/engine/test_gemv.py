@@ -26,12 +26,14 @@ import os, sys, torch
 from engine.layers import gemv
 assert type(gemv._gemv_kernel).__name__ == "InterpretedFunction", "not interpreted"
 out = {}
+rule = gemv.block_sizes
 for prefetch in ("1", "0"):
     os.environ["KVPLAN_GEMV_PREFETCH"] = prefetch
     gemv.prefetch_weights.cache_clear()
     assert gemv.prefetch_weights() == (prefetch == "1")
     for name, c in torch.load(sys.argv[1]).items():
         key = (name, prefetch == "1")
+        gemv.block_sizes = (lambda *a, t=c["tiles"]: t) if c.get("tiles") else rule
         if c["op"] == "linear":
             out[key] = (gemv.linear(c["x"], c["w"], c["b"], tiles=c.get("tiles")),)
         elif c["op"] == "norm_linear":
@@ -76,6 +78,11 @@ def _cases() -> tuple[dict, dict]:
             )
             cases[f"silu_{key}"] = dict(op="silu", x=gate_up, w=w_down.to(dtype))
             refs[f"silu_{key}"] = (_linear(silu_and_mul(gate_up), w_down.to(dtype)),)
+            # tiles shaped as ONE_ROW_TILES' (8 features a program; one K block wider than K, masked)
+            cases[f"add_norm_tiles_{key}"] = dict(cases[f"add_norm_{key}"], tiles=(8, 128, 2))
+            refs[f"add_norm_tiles_{key}"] = refs[f"add_norm_{key}"]
+            cases[f"silu_tiles_{key}"] = dict(cases[f"silu_{key}"], tiles=(4, 128, 1))
+            refs[f"silu_tiles_{key}"] = refs[f"silu_{key}"]
     return cases, refs
 
 
@@ -93,12 +100,28 @@ def test_gemv_kernels_match_torch(tmp_path):
 
 
 def test_block_sizes():
-    assert gemv.block_sizes(1, 1024) == (2, 1024, 2)  # Qwen3-0.6B QKV and gate/up
-    assert gemv.block_sizes(1, 2048) == (2, 2048, 4)  # o_proj
-    assert gemv.block_sizes(1, 3072) == (2, 2048, 4)  # down_proj: two K blocks, the second masked
-    assert gemv.block_sizes(1, 96) == (2, 128, 2)
-    assert gemv.block_sizes(3, 1024) == (2, 512, 2)
-    assert gemv.block_sizes(8, 1024) == (2, 256, 2)
+    norm, silu, none = gemv.PROLOGUE_NORM, gemv.PROLOGUE_SILU, gemv.PROLOGUE_NONE
+    # Qwen3-0.6B at one row: the tiles tuned in place
+    assert gemv.block_sizes(1, 4096, 1024, norm) == (2, 1024, 4)  # QKV
+    assert gemv.block_sizes(1, 1024, 2048, none) == (2, 2048, 4)  # o_proj
+    assert gemv.block_sizes(1, 6144, 1024, norm) == (8, 1024, 2)  # gate/up
+    assert gemv.block_sizes(1, 1024, 3072, silu) == (4, 4096, 4)  # down: one K block, its last quarter masked
+    # the rule: other shapes, prologues, row counts
+    assert gemv.block_sizes(1, 4096, 1024) == (2, 1024, 2)
+    assert gemv.block_sizes(1, 1024, 3072, none) == (2, 2048, 4)  # two K blocks, the second masked
+    assert gemv.block_sizes(1, 40, 96) == (2, 128, 2)
+    assert gemv.block_sizes(3, 4096, 1024, norm) == (2, 512, 2)
+    assert gemv.block_sizes(8, 6144, 1024, norm) == (2, 256, 2)
+
+
+def test_tuned_tiles_switch(monkeypatch):
+    try:
+        for value, tiles in (("0", (2, 1024, 2)), ("1", (8, 1024, 2))):
+            monkeypatch.setenv("KVPLAN_GEMV_TUNED_TILES", value)
+            gemv.tuned_tiles.cache_clear()
+            assert gemv.block_sizes(1, 6144, 1024, gemv.PROLOGUE_NORM) == tiles
+    finally:
+        gemv.tuned_tiles.cache_clear()
 
 
 def test_clear_errors():
