@@ -25,6 +25,7 @@ from engine.attention.fa4 import FlashAttnCuteBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_sdpa import paged_reference
 from engine.attention.triton_decode import choose_num_splits
+from engine.decode_splits import split_block
 
 L2_FLUSH_BYTES = 256 << 20  # distinct pages read per graph replay, at least (H200 L2: 50 MB)
 MAX_CALLS_PER_GRAPH = 64
@@ -118,7 +119,8 @@ def run_row(args, page, batch, context, fa4, triton) -> dict:
     )
     scale = args.head_dim**-0.5
     max_context = args.max_model_len or context
-    splits = choose_num_splits(batch, args.kv_heads, max_context, page, _sms())
+    split_bs = split_block(page, triton.decode_fine_splits)  # as the backend counts them
+    splits = choose_num_splits(batch, args.kv_heads, max_context, split_bs, _sms())
     t_us, t_out = time_graph(triton, q, k_cache, v_cache, mds, scale, max_context)
     row = dict(page=page, batch=batch, context=context, splits=splits, calls=calls)
     row.update(triton_us=t_us, triton_tbs=kv_bytes / t_us / 1e6)

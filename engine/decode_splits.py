@@ -19,6 +19,14 @@ def split_unit(block_size: int) -> int:
     return max(block_size, MIN_SPLIT_TOKENS)
 
 
+def split_block(block_size: int, fine: bool = True) -> int:
+    """The page size the split rules here count in (their `block_size`) for a cache of `block_size`
+    pages. `fine` (the engine since session 13): pages over MIN_SPLIT_TOKENS are split inside, so
+    splits are made of MIN_SPLIT_TOKENS-token units at any page size (the kernel looks up each token's
+    page). Without it, whole pages (the engine before; with $KVPLAN_DECODE_FINE_SPLITS=0)."""
+    return min(block_size, MIN_SPLIT_TOKENS) if fine else block_size
+
+
 def num_splits_for_batch(batch: int, num_kv_heads: int, num_sms: int) -> int:
     """Splits per sequence that make the stage-1 grid (batch x kv heads x splits) about WAVES
     programs per SM, at most MAX_SPLITS; before the cap by context length (`choose_num_splits`)."""

@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 from engine.attention import select_backend
 from engine.block_manager import BlockManager
 from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig
+from engine.decode_splits import split_block, split_unit
 from engine.distributed import MultiprocExecutor, check_tp_shapes, rank_device
-from engine.layers import pdl
+from engine.layers import gemv, pdl
 from engine.layers.distributed import AllReduceTimer, time_all_reduces
 from engine.loader import read_hf_config
 from engine.model_runner import ModelRunner
@@ -172,24 +173,31 @@ class LLM:
 
     def kernel_choices(self) -> dict[str, Any]:
         """Which kernels this engine runs where there is a choice (recorded with profiles and replays):
-        the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends), the per-token
-        layers' ("triton" / "compile" / "torch"), how prefill/mixed steps run ("piecewise" CUDA
-        graphs or "eager"), whether the Triton decode kernel balances its splits (None where it does
-        not run), whether decode steps are scheduled asynchronously, whether small Triton
-        launches use programmatic dependent launch (engine/layers/pdl.py), whether the sampler's
-        argmax runs in Triton (engine/layers/argmax.py) and whether one Triton launch copies the
-        decode graphs' inputs (engine/layers/graph_inputs.py)."""
+        - the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends), and whether
+          the Triton one balances its splits and splits pages of more than 64 tokens inside (None
+          where it does not run);
+        - the per-token layers' kernels ("triton" / "compile" / "torch");
+        - how prefill/mixed steps run ("piecewise" CUDA graphs or "eager");
+        - whether decode steps are scheduled asynchronously;
+        - whether small Triton launches use programmatic dependent launch (engine/layers/pdl.py);
+        - whether the sampler's argmax runs in Triton (engine/layers/argmax.py), and whether one Triton
+          launch copies the decode graphs' inputs (engine/layers/graph_inputs.py);
+        - whether one-row GEMVs take the tiles tuned in place (engine/layers/gemv.py), and whether
+          one-row greedy steps fuse the LM head with the argmax (engine/layers/head_argmax.py)."""
         backend = self.runner.backend
         decode_kernel = getattr(backend, "decode_kernel", None)
         return {
             "decode_kernel": decode_kernel,
             "decode_balanced": backend.decode_balanced if decode_kernel == "triton" else None,
+            "decode_fine_splits": backend.decode_fine_splits if decode_kernel == "triton" else None,
             "layer_kernels": self.runner.layer_impl,
             "prefill_graphs": "piecewise" if self.runner.piecewise is not None else "eager",
             "async_scheduling": self.async_scheduling,
             "pdl": pdl.enabled(self.device),
             "triton_argmax": self.runner.sampler.triton_argmax and self.runner.cuda,
             "graph_copy_kernel": self.runner.triton_graph_copy,
+            "gemv_tuned_tiles": self.runner.cuda and gemv.tuned_tiles(),
+            "fused_head_argmax": self.runner.fused_head,
         }
 
     def decode_split_kv(self) -> dict[str, Any] | None:
@@ -204,7 +212,10 @@ class LLM:
             "num_sms": backend.num_sms(),
         }
         if backend.decode_balanced:
-            fields |= {"block_size": self.cache_config.block_size, "balanced": True}
+            block_size = self.cache_config.block_size
+            fields |= {"block_size": block_size, "balanced": True}
+            if split_block(block_size, backend.decode_fine_splits) != block_size:
+                fields["split_tokens"] = split_unit(split_block(block_size))
         return fields
 
     # ---- lifetime -------------------------------------------------------------------------------

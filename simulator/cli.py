@@ -164,7 +164,8 @@ def validate_many(args: argparse.Namespace) -> int:
 
 
 def parse_split_kv(text: str):
-    """--split-kv: 'none', KV_HEADS:SMS (splits by batch size) or KV_HEADS:SMS:BLOCK_SIZE (balanced)."""
+    """--split-kv: 'none', KV_HEADS:SMS (splits by batch size), KV_HEADS:SMS:BLOCK_SIZE (balanced) or
+    KV_HEADS:SMS:BLOCK_SIZE:SPLIT_TOKENS (balanced, pages split inside into units of SPLIT_TOKENS)."""
     from simulator.latency.fitted import SplitKV
 
     if text.strip().lower() == "none":
@@ -173,14 +174,15 @@ def parse_split_kv(text: str):
         parts = [int(x) for x in text.split(":")]
         if len(parts) == 2:
             return SplitKV(*parts)
-        if len(parts) == 3:
-            return SplitKV(*parts, balanced=True)
+        if len(parts) in (3, 4):
+            return SplitKV(*parts[:3], balanced=True, split_tokens=parts[3] if len(parts) == 4 else 0)
         raise ValueError
     except ValueError as e:
         detail = (
             str(e)
             if str(e).startswith("split_kv")
-            else "expected KV_HEADS:SMS (e.g. 8:132) or KV_HEADS:SMS:BLOCK_SIZE (balanced, e.g. 8:132:16)"
+            else "expected KV_HEADS:SMS (e.g. 8:132), KV_HEADS:SMS:BLOCK_SIZE (balanced, e.g. 8:132:16) "
+            "or KV_HEADS:SMS:BLOCK_SIZE:SPLIT_TOKENS (e.g. 8:132:256:64)"
         )
         raise ValueError(f"--split-kv: {text!r}: {detail}, 'none' or 'like'") from None
 
@@ -284,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="like",
         help="how the engine's decode kernel split each sequence's KV: KV_HEADS:SMS (kv heads per TP rank, "
         "GPU SMs; the Triton split-KV kernel before session 10, e.g. 8:132 for Qwen3 on an H200), "
-        "KV_HEADS:SMS:BLOCK_SIZE (its balanced splits, e.g. 8:132:16), 'none', or 'like' (default: --like's)",
+        "KV_HEADS:SMS:BLOCK_SIZE (its balanced splits, e.g. 8:132:16), KV_HEADS:SMS:BLOCK_SIZE:SPLIT_TOKENS "
+        "(balanced, pages over 64 tokens split inside since session 13, e.g. 8:132:256:64), 'none', or "
+        "'like' (default: --like's)",
     )
     fit.add_argument(
         "--no-floors",

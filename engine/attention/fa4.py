@@ -7,7 +7,8 @@ exposes its compile cache so that warm-up and the step recorder can see compilat
 Decode steps go to the Triton split-KV kernel (`triton_decode.py`) by default where Triton can run
 (FA4 has no split-KV on Hopper: one sequence reads its KV from a handful of SMs); `decode_kernel`
 ("triton" or "fa4"; default from $KVPLAN_DECODE_KERNEL, else "triton" when available) says which runs.
-The Triton kernel balances its splits (`engine.decode_splits`) unless $KVPLAN_DECODE_BALANCE is 0.
+The Triton kernel balances its splits (`engine.decode_splits`) unless $KVPLAN_DECODE_BALANCE is 0, and
+splits pages of more than 64 tokens inside unless $KVPLAN_DECODE_FINE_SPLITS is 0.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from engine.attention.backend import AttentionBackend, module_available
 from engine.attention.metadata import AttentionMetadata
+from engine.decode_splits import split_block
 from engine.layers.pdl import env_switch
 
 
@@ -49,6 +51,8 @@ class FlashAttnCuteBackend(AttentionBackend):
             self._triton = triton_decode
             self.decode_fn = decode_fn or triton_decode.paged_decode_attention
         self.decode_balanced = env_switch("KVPLAN_DECODE_BALANCE")  # 1 (default): balanced splits
+        # 1 (default): splits of 64-token units inside pages over 64 tokens (decode_splits.split_block)
+        self.decode_fine_splits = env_switch("KVPLAN_DECODE_FINE_SPLITS")
         self._num_sms: int | None = None
 
     @staticmethod
@@ -109,13 +113,16 @@ class FlashAttnCuteBackend(AttentionBackend):
         if q.stride(-1) != 1:
             q = q.contiguous()
         num_sms, balanced = self.num_sms(q.device), self.decode_balanced
+        split_bs = split_block(k_cache.shape[1], self.decode_fine_splits)
         num_splits = self._triton.choose_num_splits(
-            q.shape[0], k_cache.shape[2], md.max_seqlen_k, k_cache.shape[1], num_sms, balanced
+            q.shape[0], k_cache.shape[2], md.max_seqlen_k, split_bs, num_sms, balanced
         )
         grid = self._triton.grid_splits(q.shape[0], k_cache.shape[2], num_sms, balanced)
-        balance = self._triton.balance_programs(num_sms, balanced, grid)
+        kwargs = {"balance": self._triton.balance_programs(num_sms, balanced, grid)}
+        if split_bs != k_cache.shape[1]:  # pages over 64 tokens, split inside
+            kwargs["split_block"] = split_bs
         return self.decode_fn(
-            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits, balance=balance
+            q, k_cache, v_cache, md.block_tables, md.context_lens, scale, num_splits, **kwargs
         )
 
     def num_sms(self, device: torch.device | None = None) -> int:

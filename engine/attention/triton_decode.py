@@ -48,6 +48,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,  # [B, H, D], q's dtype
     workspace: Workspace | None = None,  # make_workspace(B, H, D, num_splits); unused when 1 split
     balance: int = 0,  # programs to spread the step's keys over (decode_splits.balance_programs); 0 = off
+    split_block: int = 0,  # the page size splits count in (decode_splits.split_block); 0 = the cache's
 ) -> torch.Tensor:
     """Softmax(scale * q k^T) v of each sequence's query over its `context_lens` cached keys."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens, num_splits)
@@ -58,15 +59,18 @@ def paged_decode_attention(
         return out
     if balance < 0:
         raise ValueError(f"paged_decode_attention: balance must be >= 0, got {balance}")
+    if split_block < 0:
+        raise ValueError(f"paged_decode_attention: split_block must be >= 0, got {split_block}")
+    unit = split_unit(split_block or k_cache.shape[1])
     if num_splits == 1:
-        _launch_split_kv(q, k_cache, v_cache, block_tables, context_lens, scale, 1, out, None, 0)
+        _launch_split_kv(q, k_cache, v_cache, block_tables, context_lens, scale, 1, out, None, 0, unit)
         return out
     if workspace is None:
         workspace = make_workspace(batch, num_heads, head_dim, num_splits, q.device)
     _check_workspace(workspace, q, num_splits)
-    args = (block_tables, context_lens, scale, num_splits, out, workspace, balance)
+    args = (block_tables, context_lens, scale, num_splits, out, workspace, balance, unit)
     _launch_split_kv(q, k_cache, v_cache, *args)
-    _launch_merge(workspace, num_splits, out, context_lens, k_cache.shape[1], k_cache.shape[2], balance)
+    _launch_merge(workspace, num_splits, out, context_lens, unit, k_cache.shape[2], balance)
     return out
 
 
@@ -109,7 +113,7 @@ def _tile_tokens(head_dim: int) -> int:
 
 
 def _launch_split_kv(
-    q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out, workspace, balance
+    q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out, workspace, balance, unit
 ):
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -132,7 +136,7 @@ def _launch_split_kv(
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size,
         TILE_N=_tile_tokens(head_dim),
-        SPLIT_UNIT=split_unit(block_size),
+        SPLIT_UNIT=unit,
         DIRECT=direct,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 only matters for fp32 inputs
         num_warps=NUM_WARPS,
@@ -142,7 +146,7 @@ def _launch_split_kv(
 
 
 def _launch_merge(
-    workspace: Workspace, num_splits: int, out: torch.Tensor, context_lens, block_size, num_kv_heads, balance
+    workspace: Workspace, num_splits: int, out: torch.Tensor, context_lens, unit, num_kv_heads, balance
 ) -> None:
     partial, lse = workspace
     batch, num_heads, head_dim = out.shape
@@ -152,7 +156,7 @@ def _launch_merge(
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
-        SPLIT_UNIT=split_unit(block_size),
+        SPLIT_UNIT=unit,
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         SPLIT_CHUNK=MAX_SPLITS,

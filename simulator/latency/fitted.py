@@ -172,12 +172,15 @@ class SplitKV:
     kernel does (`engine.decode_splits`): its longest program reads about max_seq_len / splits
     tokens. Per TP rank: kv heads of one rank, SMs of one GPU. Not `balanced` (engines before
     session 10): every sequence takes the batch size's splits. `balanced`: the longest sequence
-    takes as many as keep its splits near an even share of the step's keys (pages of `block_size`)."""
+    takes as many as keep its splits near an even share of the step's keys, in units of whole pages of
+    `block_size` (at least 64 tokens), or of `split_tokens` where the engine split larger pages
+    inside (since session 13; 0: whole pages, as profiles before it record)."""
 
     num_kv_heads: int
     num_sms: int
     block_size: int = 0
     balanced: bool = False
+    split_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_kv_heads", "num_sms"):
@@ -189,6 +192,15 @@ class SplitKV:
         size = self.block_size
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or (self.balanced and not size):
             raise ValueError(f"split_kv.block_size: must be a positive integer when balanced, got {size!r}")
+        tokens = self.split_tokens
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise ValueError(f"split_kv.split_tokens: must be a non-negative integer, got {tokens!r}")
+
+    @property
+    def split_block_size(self) -> int:
+        """The page size `engine.decode_splits`' rules count in: `split_tokens` where set, else the
+        pages' (the rules make units of max(that, 64) tokens)."""
+        return self.split_tokens or self.block_size
 
     def num_splits(self, padded_batch_size: int) -> int:
         return num_splits_for_batch(padded_batch_size, self.num_kv_heads, self.num_sms)
@@ -203,7 +215,7 @@ class SplitKV:
             max_seq_len,
             self.num_kv_heads,
             self.num_sms,
-            self.block_size,
+            self.split_block_size,
         )
 
     def divisors(
@@ -212,7 +224,7 @@ class SplitKV:
         """`divisor` over int64 arrays of steps at one padded batch size, in the same integer arithmetic."""
         if not self.balanced:
             return np.full(len(max_seq_len), self.num_splits(padded_batch_size), dtype=np.int64)
-        unit, heads = split_unit(self.block_size), self.num_kv_heads
+        unit, heads = split_unit(self.split_block_size), self.num_kv_heads
         units = np.maximum(-(-max_seq_len // unit), 1)
         grid_size = grid_splits(padded_batch_size, heads, self.num_sms)
         grid = np.minimum(grid_size, units)  # choose_num_splits
@@ -227,10 +239,13 @@ class SplitKV:
         return -(-units // per_split)
 
     def as_dict(self) -> dict[str, Any]:
-        """The profile's field: {num_kv_heads, num_sms}, and block_size and balanced when balanced."""
+        """The profile's field: {num_kv_heads, num_sms}, and block_size and balanced when balanced,
+        and split_tokens where set."""
         out: dict[str, Any] = {"num_kv_heads": self.num_kv_heads, "num_sms": self.num_sms}
         if self.balanced:
             out |= {"block_size": self.block_size, "balanced": True}
+        if self.split_tokens:
+            out["split_tokens"] = self.split_tokens
         return out
 
 
@@ -379,7 +394,7 @@ class FittedModel(LatencyModelBase):
             consts = (
                 grid,
                 balance_programs(kv.num_sms, True, grid),
-                split_unit(kv.block_size),
+                split_unit(kv.split_block_size),
                 kv.num_kv_heads,
             )
             self._split_consts[b] = consts

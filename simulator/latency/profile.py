@@ -348,10 +348,11 @@ def load_latency_model(
 
 def _split_kv_from_dict(value: Any, where: str) -> SplitKV:
     keys = {"num_kv_heads", "num_sms"}
-    if not isinstance(value, dict) or set(value) not in (keys, keys | {"block_size", "balanced"}):
+    balanced = keys | {"block_size", "balanced"}
+    if not isinstance(value, dict) or set(value) not in (keys, balanced, balanced | {"split_tokens"}):
         raise ValueError(
             f"{where}: field 'split_kv' must be null, {{num_kv_heads, num_sms}} or "
-            f"{{num_kv_heads, num_sms, block_size, balanced}}, got {value!r}"
+            f"{{num_kv_heads, num_sms, block_size, balanced[, split_tokens]}}, got {value!r}"
         )
     try:
         return SplitKV(**value)

@@ -13,6 +13,7 @@ from engine.decode_splits import (
     longest_split_divisor,
     num_splits_for_batch,
     sequence_splits,
+    split_block,
     split_unit,
     target_split_units,
 )
@@ -34,6 +35,18 @@ def test_choose_num_splits():
     assert choose_num_splits(256, 8, 512, 16) == 1
     assert choose_num_splits(2, 4, 1 << 20, 16, num_sms=66) == 17
     assert choose_num_splits(1, 1, 1 << 20, 16) == 32
+
+
+def test_split_block_splits_large_pages_inside():
+    """Fine splits (the engine since session 13): pages over 64 tokens count as 64-token units, so
+    one row of 384 keys at block 256 takes 6 splits, not 2; small pages are as before."""
+    assert [split_block(b) for b in (16, 64, 128, 256, 512)] == [16, 64, 64, 64, 64]
+    assert [split_block(b, fine=False) for b in (16, 64, 128, 256, 512)] == [16, 64, 128, 256, 512]
+    assert [split_unit(split_block(b)) for b in (16, 256)] == [64, 64]
+    assert choose_num_splits(1, 8, 384, split_block(256)) == 6
+    assert choose_num_splits(1, 8, 384, split_block(256, fine=False)) == 2
+    assert longest_split_divisor(1, 383, 384, 8, 132, split_block(256)) == 6
+    assert longest_split_divisor(1, 383, 384, 8, 132, 256) == 2
 
 
 def test_num_splits_for_batch_is_the_policy_before_the_context_cap():

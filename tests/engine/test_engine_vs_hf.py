@@ -65,12 +65,15 @@ def test_eager_and_graph_flags_on_cpu(checkpoints):
         assert llm.kernel_choices() == {
             "decode_kernel": None,
             "decode_balanced": None,
+            "decode_fine_splits": None,
             "layer_kernels": "torch",
             "prefill_graphs": "eager",
             "async_scheduling": False,
             "pdl": False,
             "triton_argmax": False,
             "graph_copy_kernel": False,
+            "gemv_tuned_tiles": False,
+            "fused_head_argmax": False,
         }
         df = llm.recorder.to_dataframe()
         assert (df["graph_batch_size"] == 0).all()

@@ -45,7 +45,10 @@ for name, case in torch.load(sys.argv[1]).items():
             b, h, d = call["q"].shape
             out = torch.full_like(call["q"], float("nan"))
             workspace = td.make_workspace(b, h, d, call["num_splits"], "cpu")
-        got = td.paged_decode_attention(*args, out=out, workspace=workspace, balance=call.get("balance", 0))
+        got = td.paged_decode_attention(
+            *args, out=out, workspace=workspace, balance=call.get("balance", 0),
+            split_block=call.get("split_block", 0),
+        )
         outs.append((got.clone(), got is out))
     results[name] = outs
 torch.save(results, sys.argv[2])
@@ -87,7 +90,7 @@ def _contexts(block_size: int) -> list[int]:
     return [max(1, block_size // 2 - 3), block_size, 3 * block_size + 7, 1]
 
 
-def _case(step, splits, balance=0):
+def _case(step, splits, balance=0, split_block=0):
     """(what the worker runs, the expected outputs) for one decode step at each split count."""
     q, k_cache, v_cache, k, v, md = step
     call = dict(
@@ -95,7 +98,8 @@ def _case(step, splits, balance=0):
         context_lens=md.context_lens, scale=q.shape[-1] ** -0.5,
     )  # fmt: skip
     ref = _reference(q, k_cache, v_cache, k, v, md)
-    return [{**call, "num_splits": s, "balance": balance} for s in splits], [ref] * len(splits)
+    calls = [{**call, "num_splits": s, "balance": balance, "split_block": split_block} for s in splits]
+    return calls, [ref] * len(splits)
 
 
 def _build_cases() -> dict[str, tuple[dict, list[torch.Tensor]]]:
@@ -132,6 +136,13 @@ def _build_cases() -> dict[str, tuple[dict, list[torch.Tensor]]]:
         calls += c
         refs += r
     cases["balanced-fixed-buffers"] = ({"calls": calls, "reuse": True}, refs)
+    # fine splits: 64-token units inside pages of 128 and 256 (splits start mid-page), plain and
+    # balanced, more splits than units included
+    for block_size in (128, 256):
+        step = _decode_step([700, 20, 256, 3, 130], block_size, 4, 2, 64, torch.float32, seed=7)
+        calls, refs = _case(step, [2, 5, 13], split_block=64)
+        balanced, balanced_refs = _case(step, [4], balance=12, split_block=64)
+        cases[f"fine-page{block_size}"] = ({"calls": calls + balanced, "reuse": False}, refs + balanced_refs)
     step = _decode_step([20, 5], 16, 4, 2, 64, torch.float32)  # a row without keys: zeros
     empty = {**_case(step, [1])[0][0], "context_lens": torch.tensor([0, 5], dtype=torch.int32)}
     calls = [empty, {**empty, "num_splits": 4}, {**empty, "num_splits": 4, "balance": 8}]
@@ -207,6 +218,53 @@ def test_fa4_backend_routes_decode_to_triton(monkeypatch):
     prefill = AttentionMetadata(**{**md.__dict__, "max_seqlen_q": 2})  # not a decode step: FA4
     backend.forward(q, k, v, k_cache, v_cache, prefill, 0.125)
     assert len(varlen.calls) == 1 and len(decode.calls) == 1
+
+
+def test_fa4_backend_splits_large_pages_inside(monkeypatch):
+    """Block 256: the grid counts 64-token units and the kernel is told so (split_block 64); with
+    KVPLAN_DECODE_FINE_SPLITS=0, whole pages as before; block 16 passes no split_block."""
+    monkeypatch.delenv("KVPLAN_DECODE_BALANCE", raising=False)
+    for block_size, value, splits, kwargs in (
+        (256, "1", 11, {"balance": 0, "split_block": 64}),  # 700 keys: 11 units of 64
+        (256, "0", 3, {"balance": 0}),
+        (16, "1", 11, {"balance": 0}),
+    ):
+        monkeypatch.setenv("KVPLAN_DECODE_FINE_SPLITS", value)
+        decode = _Recorder(pair=False)
+        backend = FlashAttnCuteBackend(
+            varlen_fn=_Recorder(pair=True), decode_kernel="triton", decode_fn=decode
+        )
+        q, k_cache, v_cache, k, v, md = _decode_step([700, 9], block_size, 4, 2, 64, torch.float32)
+        backend.forward(q, k, v, k_cache, v_cache, md, 0.125)
+        assert (decode.calls[0][5], decode.kwargs) == (splits, kwargs), (block_size, value)
+
+
+def test_decode_split_kv_records_fine_splits(monkeypatch):
+    """What profiles record of the split rule (`LLM.decode_split_kv`): split_tokens 64 where pages
+    over 64 tokens are split inside; nothing new at block 16 or with KVPLAN_DECODE_FINE_SPLITS=0."""
+    from types import SimpleNamespace
+
+    from engine.llm import LLM
+
+    monkeypatch.delenv("KVPLAN_DECODE_BALANCE", raising=False)
+    base = {"num_kv_heads": 4, "num_sms": 132, "balanced": True}
+    for block_size, value, expected in (
+        (256, "1", {**base, "block_size": 256, "split_tokens": 64}),
+        (256, "0", {**base, "block_size": 256}),
+        (16, "1", {**base, "block_size": 16}),
+    ):
+        monkeypatch.setenv("KVPLAN_DECODE_FINE_SPLITS", value)
+        backend = FlashAttnCuteBackend(
+            varlen_fn=_Recorder(pair=True), decode_kernel="triton", decode_fn=_Recorder(False)
+        )
+        backend._num_sms = 132
+        llm = SimpleNamespace(
+            runner=SimpleNamespace(backend=backend),
+            spec=SimpleNamespace(num_kv_heads=8),
+            parallel_config=SimpleNamespace(tensor_parallel_size=2),
+            cache_config=SimpleNamespace(block_size=block_size),
+        )
+        assert LLM.decode_split_kv(llm) == expected
 
 
 def test_fa4_backend_decode_kernel_choice(monkeypatch):

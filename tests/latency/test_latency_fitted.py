@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.decode_splits import longest_split_divisor, split_block
 from simulator.latency import (
     DECODE_FEATURES,
     PREFILL_FEATURES,
@@ -217,6 +218,26 @@ def test_balanced_longest_split_exact_values() -> None:
         SplitKV(8, 132, balanced=True)
 
 
+def test_split_tokens_count_units_inside_large_pages() -> None:
+    """A block-256 engine that splits pages inside (split_tokens 64, since session 13): one row of 384
+    keys takes 6 splits, as a block-64 model says; a profile without split_tokens (whole pages, the
+    engine before) keeps 2, and its dict is as before."""
+    fine = SplitKV(8, 132, 256, balanced=True, split_tokens=64)
+    whole = SplitKV(8, 132, 256, balanced=True)
+    assert [fine.divisor(1, 383, 384), whole.divisor(1, 383, 384)] == [6, 2]
+    ctx, longest = np.array([383, 114_000]), np.array([384, 6360])
+    assert (
+        fine.divisors(1, ctx, longest).tolist()
+        == SplitKV(8, 132, 64, balanced=True).divisors(1, ctx, longest).tolist()
+    )
+    assert whole.as_dict() == {"num_kv_heads": 8, "num_sms": 132, "block_size": 256, "balanced": True}
+    pre = LinearFit(PREFILL_FEATURES, (1e-3,) * 6)
+    model = FittedModel(LinearFit(DECODE_FEATURES, (0.0,) * 7), pre, 512, split_kv=fine)
+    assert model._splits(1, 383, 384) == 6
+    with pytest.raises(ValueError, match=r"split_kv.split_tokens: must be a non-negative integer, got True"):
+        SplitKV(8, 132, 256, balanced=True, split_tokens=True)
+
+
 def test_feature_lists_are_checked() -> None:
     dec = LinearFit(DECODE_FEATURES, (0.0,) * 7)
     with pytest.raises(ValueError, match="prefill fit features"):
@@ -385,14 +406,16 @@ def test_step_floors_are_checked_and_no_floors_predicts_as_before(records: pd.Da
     heads=st.sampled_from([1, 2, 8, 32]),
     sms=st.sampled_from([66, 132]),
     block=st.sampled_from([16, 64, 256]),
+    fine=st.booleans(),
 )
-def test_balanced_model_splits_follow_the_engines_rule(b, ctx, max_len, heads, sms, block) -> None:
+def test_balanced_model_splits_follow_the_engines_rule(b, ctx, max_len, heads, sms, block, fine) -> None:
     """The fitted model's inlined split count (its hot path) is engine.decode_splits' rule, as
-    SplitKV.divisor and the vectorised SplitKV.divisors give it."""
-    split_kv = SplitKV(heads, sms, block, balanced=True)
+    SplitKV.divisor and the vectorised SplitKV.divisors give it (whole pages or split inside)."""
+    split_kv = SplitKV(heads, sms, block, balanced=True, split_tokens=64 if fine and block > 64 else 0)
     pre = LinearFit(PREFILL_FEATURES, (1e-3,) * 6)
     model = FittedModel(LinearFit(DECODE_FEATURES, (0.0,) * 7), pre, 512, split_kv=split_kv)
     expected = split_kv.divisor(b, ctx, max_len)
+    assert expected == longest_split_divisor(b, ctx, max_len, heads, sms, split_block(block, fine))
     assert model._splits(b, ctx, max_len) == expected
     assert split_kv.divisors(b, np.array([ctx]), np.array([max_len])).tolist() == [expected]
 

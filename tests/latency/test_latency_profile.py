@@ -71,6 +71,16 @@ def test_round_trip_is_exact(profile: LatencyProfile, tmp_path) -> None:
     raw = json.loads(balanced.save(tmp_path / "b.json").read_text())
     assert raw["split_kv"] == {"num_kv_heads": 8, "num_sms": 132, "block_size": 16, "balanced": True}
     assert LatencyProfile.load(tmp_path / "b.json") == balanced
+    fine = dataclasses.replace(profile, split_kv=SplitKV(8, 132, 256, balanced=True, split_tokens=64))
+    raw = json.loads(fine.save(tmp_path / "f.json").read_text())
+    assert raw["split_kv"] == {
+        "num_kv_heads": 8,
+        "num_sms": 132,
+        "block_size": 256,
+        "balanced": True,
+        "split_tokens": 64,
+    }
+    assert LatencyProfile.load(tmp_path / "f.json") == fine
 
 
 def test_mismatch_lists_every_difference(profile: LatencyProfile) -> None:
@@ -127,6 +137,18 @@ def test_bad_files_name_the_file(profile: LatencyProfile, tmp_path) -> None:
         ({"prefill": {"features": ["const"]}}, "field 'prefill' is malformed"),
         ({"split_kv": {"num_kv_heads": 8}}, "field 'split_kv' must be null, {num_kv_heads, num_sms} or"),
         ({"split_kv": {"num_kv_heads": 8, "num_sms": -1}}, "split_kv.num_sms: must be a positive integer"),
+        (
+            {
+                "split_kv": {
+                    "num_kv_heads": 8,
+                    "num_sms": 132,
+                    "block_size": 256,
+                    "balanced": True,
+                    "split_tokens": -64,
+                }
+            },
+            "split_kv.split_tokens: must be a non-negative integer, got -64",
+        ),
         ({"floors": {"decode": 1e-3, "warmup": 1.0}}, "field 'floors' must be null or seconds by step kind"),
         ({"floors": {"mixed": -1.0}}, "floors.mixed: must be a finite time >= 0 s"),
     ]:
@@ -289,3 +311,16 @@ def test_kvplan_fit_can_infer_overlapped_steps_of_older_async_records(tmp_path, 
     argv[2] = str(SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs16_async.parquet")
     assert main(argv) == 2
     assert "--infer-overlapped: " in capsys.readouterr().err
+
+
+def test_parse_split_kv_forms() -> None:
+    from simulator.cli import parse_split_kv
+
+    assert parse_split_kv("none") is None
+    assert parse_split_kv("8:132") == SplitKV(8, 132)
+    assert parse_split_kv("8:132:16") == SplitKV(8, 132, 16, balanced=True)
+    assert parse_split_kv("8:132:256:64") == SplitKV(8, 132, 256, balanced=True, split_tokens=64)
+    with pytest.raises(ValueError, match=r"--split-kv: '8:132:256:64:1': expected KV_HEADS:SMS"):
+        parse_split_kv("8:132:256:64:1")
+    with pytest.raises(ValueError, match=r"split_kv.split_tokens: must be a non-negative integer, got -1"):
+        parse_split_kv("8:132:256:-1")
