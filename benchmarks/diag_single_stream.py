@@ -34,6 +34,7 @@ from engine.attention.metadata import build_step_inputs
 from engine.checkpoint import make_random_checkpoint
 from engine.llm import LLM
 from engine.sampler import Sampler
+from engine.scheduler import ScheduledBatch
 from engine.sequence import SamplingParams
 
 
@@ -67,23 +68,30 @@ def main() -> None:
         llm.close()
 
 
-def run(llm: LLM, repeats: int, kernels: bool = False) -> None:
-    runner = llm.runner
-    batches = []
-    launch = runner.launch
+def steady_one_row(llm: LLM, max_tokens: int = 400) -> ScheduledBatch:
+    """Add one greedy request (a 128-token prompt) and step 64 times; its last step (a one-row decode)."""
+    runner, batches, launch = llm.runner, [], llm.runner.launch
 
     def spy(batch, timer=None, input_ids=None):
         batches.append(batch)
         return launch(batch, timer, input_ids)
 
     runner.launch = spy
-    llm.recorder.reset()
-    llm.add_request(list(range(1, 129)), SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+    llm.add_request(
+        list(range(1, 129)), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    )
     for _ in range(64):
         llm.step()
     runner.launch = launch
     batch = batches[-1]
     assert batch.kind == "decode" and batch.num_seqs == 1, batch
+    return batch
+
+
+def run(llm: LLM, repeats: int, kernels: bool = False) -> None:
+    runner = llm.runner
+    llm.recorder.reset()
+    batch = steady_one_row(llm)
     inputs = build_step_inputs(batch, runner.block_size, runner.device, runner._stagings[0])
     graph, head, sampler = runner.graphs[1], runner.model.compute_logits, runner.sampler
     out = runner.graph_outputs[1]

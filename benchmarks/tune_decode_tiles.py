@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 
 import torch
+from diag_single_stream import per_repeat_us, steady_one_row
 
 from engine.attention import triton_decode
 from engine.attention.metadata import build_step_inputs, set_forward_context
 from engine.checkpoint import make_random_checkpoint
 from engine.layers import gemv
 from engine.llm import LLM
-from engine.sequence import SamplingParams
 
 PROJECTIONS = {  # name: (prologue, N, K) of Qwen3-0.6B at TP 1
     "qkv": (gemv.PROLOGUE_NORM, 4096, 1024),
@@ -79,33 +79,10 @@ class GraphTimer:
         return us, diff
 
 
-def per_repeat_us(fn, repeats: int) -> float:
-    for _ in range(10):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / repeats
-
-
-def steady_one_row(llm: LLM) -> None:
-    """Decode one greedy request for 64 steps and leave its last step's inputs in the graph buffers."""
-    runner, batches, launch = llm.runner, [], llm.runner.launch
-
-    def spy(batch, timer=None, input_ids=None):
-        batches.append(batch)
-        return launch(batch, timer, input_ids)
-
-    runner.launch = spy
-    llm.add_request(list(range(1, 129)), SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
-    for _ in range(64):
-        llm.step()
-    runner.launch = launch
-    batch = batches[-1]
+def load_one_row(llm: LLM) -> None:
+    """Leave a steady one-row decode step's inputs in the graph buffers, and its output in the graph's."""
+    runner = llm.runner
+    batch = steady_one_row(llm, max_tokens=200)
     inputs = build_step_inputs(batch, runner.block_size, runner.device, runner._stagings[0])
     runner._copy_graph_inputs(inputs, 1)
     runner.graphs[1].replay()
@@ -151,7 +128,7 @@ def main() -> None:
         )
         llm = LLM(model_dir, block_size=16, max_model_len=4096)
         llm.async_scheduling = True
-        steady_one_row(llm)
+        load_one_row(llm)
         timer = GraphTimer(llm, args.repeats)
         best, warps, stages = tune(timer, args.budget_s)
         engine = ({}, triton_decode.NUM_WARPS, triton_decode.NUM_STAGES)
