@@ -434,6 +434,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden) if inputs.sampled_seq_indices else None
         return logits, inputs
 
+    @torch.inference_mode()
     def forward(
         self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, StepInputs]:
