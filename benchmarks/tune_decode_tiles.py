@@ -55,8 +55,8 @@ class GraphTimer:
         self.reference = self.runner.graph_outputs[1].clone()
 
     def time(self, tiles: dict[tuple[int, int, int], tuple[int, int, int]], warps: int, stages: int):
-        """(µs per replay, max |output - engine's| over max |engine's|) of a graph captured with `tiles` for the projections
-        they name and the split-KV kernel at `warps`, `stages`."""
+        """(µs per replay, max |output - engine's| / max |engine's|) of a graph captured with `tiles`
+        for the projections they name and the split-KV kernel at `warps`, `stages`."""
         runner, buf = self.runner, self.runner.graph_buffers
 
         def patched(rows, n, k, prologue=gemv.PROLOGUE_NONE):
