@@ -368,9 +368,11 @@ class Replica:
             self.itl.fold(sched)
         if self.clock - self._last_sample >= self.config.timeline_interval_s:
             self._last_sample = self.clock
-            s = self.scheduler
+            s, waiting = self.scheduler, self.scheduler.num_waiting
+            if self.inbox:  # async: arrived requests the scheduler has not seen yet wait too
+                waiting += sum(1 for r in self.inbox if r[0] <= self.clock)
             self.timeline.append(
-                (self.clock, self.index, self.block_manager.num_used_blocks, s.num_running, s.num_waiting)
+                (self.clock, self.index, self.block_manager.num_used_blocks, s.num_running, waiting)
             )
 
 

@@ -1,6 +1,7 @@
 """The simulator's async scheduling: requests that arrive during a decode step wait one step more,
 decode steps scheduled ahead cost the latency model's overlapped view, and fast-forward stays exact."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -147,3 +148,19 @@ def test_steps_scheduled_ahead_are_counted_alike_without_sync_terms(prefix_trace
         model = RooflineModel(config.model, config.gpu, config.tensor_parallel_size)
         counts.append(run_simulation(prefix_trace, config, latency=model).summary["sim_overlapped_steps"])
     assert counts[0] == counts[1] > 0, counts
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_the_timeline_counts_requests_waiting_in_the_inbox(qwen06, fast_forward):
+    """B arrives at 3.2 s and waits in the inbox until the step of 4.5 s is scheduled: the timeline's
+    samples at 3.5 s and 4.5 s count it waiting, as the synchronous run's sample at 3.5 s does."""
+    config = SimConfig(model=qwen06, num_kv_blocks=64, fast_forward=fast_forward, timeline_interval_s=0.25)
+    runs = {
+        a: run_simulation(
+            _two_requests(), dataclasses.replace(config, async_scheduling=a), latency=step_model()
+        ).timeline.set_index("time_s")
+        for a in (False, True)
+    }
+    assert runs[False].loc[[2.0, 3.5, 5.5], "num_waiting"].tolist() == [0, 1, 0]
+    assert runs[True].loc[[2.0, 3.5, 4.5, 6.5], "num_waiting"].tolist() == [0, 1, 1, 0]
+    assert runs[True].loc[[3.5, 4.5, 6.5], "num_running"].tolist() == [1, 1, 2]
