@@ -31,8 +31,8 @@ SHAPES = {  # name: (out_features, in_features, layers)
 }
 
 
-def time_graph(fn, repeats: int = 20) -> float:
-    """Seconds per replay of a CUDA graph of fn() (median of `repeats`)."""
+def capture_graph(fn) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one fn() call (run once on a side stream first, so it compiles outside)."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         fn()
@@ -40,6 +40,12 @@ def time_graph(fn, repeats: int = 20) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph
+
+
+def time_graph(fn, repeats: int = 20) -> float:
+    """Seconds per replay of a CUDA graph of fn() (median of `repeats`)."""
+    graph = capture_graph(fn)
     times = []
     for _ in range(repeats):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

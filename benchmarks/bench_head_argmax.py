@@ -16,28 +16,15 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from bench_gemv import capture_graph
+from diag_single_stream import per_repeat_us
 
 from engine.layers import argmax, head_argmax
 
 
 def per_call_us(fn, repeats: int) -> float:
-    """Device µs per call of fn, from a CUDA graph of one call replayed `repeats` times."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(5):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / repeats
+    """Device µs per call of fn, from a CUDA graph of one call replayed `repeats` times back to back."""
+    return per_repeat_us(capture_graph(fn).replay, repeats)
 
 
 def check(weight: torch.Tensor, rows: int) -> tuple[int, int]:
