@@ -90,7 +90,11 @@ def gen_spec(args: argparse.Namespace) -> dict[str, Any]:
 @_friendly
 def cmd_gen(args: argparse.Namespace) -> int:
     """`traces gen --out FILE ...`: generate a synthetic trace and write it (.parquet, .csv or .jsonl)."""
+    if args.num_requests is not None and args.num_requests < 1:
+        raise ValueError(f"--num-requests: must be a positive number of requests, got {args.num_requests}")
     trace = generate(gen_spec(args))
+    if len(trace) == 0:
+        raise ValueError("no requests generated: give a larger --num-requests, --duration or --rate")
     save(trace, args.out)
     print(f"wrote {len(trace):,} requests over {trace.duration_s:,.1f} s to {args.out}")
     return 0

@@ -8,6 +8,7 @@ field; unsorted arrivals are sorted with a warning. Also: the sample traces ship
 from __future__ import annotations
 
 import bz2
+import contextlib
 import csv
 import gzip
 import io
@@ -15,6 +16,7 @@ import json
 import lzma
 import re
 import warnings
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,7 @@ import pyarrow as pa
 
 from .schema import (
     LIST_TYPE,
+    MAX_TOKENS,
     OPTIONAL_COLUMNS,
     PARQUET_META_KEY,
     LoadReport,
@@ -122,24 +125,78 @@ _HINT = (
 # --------------------------------------------------------------------------- file access
 
 
-def _open_binary(path: Path):
+# A compressed trace may decompress to at most this many times its own size, and to at least
+# DECOMPRESS_FLOOR_BYTES whatever its size (text traces compress 3-20x): beyond that it is refused
+# rather than filling memory. `load(..., max_decompressed_bytes=N)` sets another cap.
+DECOMPRESS_MAX_RATIO = 100
+DECOMPRESS_FLOOR_BYTES = 16 << 20
+
+
+def _compression(path: Path) -> str | None:
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic.startswith(b"\x1f\x8b"):
-        return gzip.open(path, "rb")
+        return "gzip"
     if magic.startswith(b"BZh"):
-        return bz2.open(path, "rb")
+        return "bz2"
     if magic.startswith(b"\xfd7zXZ"):
-        return lzma.open(path, "rb")
-    return open(path, "rb")
+        return "xz"
+    return None
 
 
-def _open_text(path: Path):
-    return io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig", newline="")
+def default_decompressed_cap(path: str | Path) -> int:
+    """The most bytes `load` decompresses `path` to by default."""
+    return max(DECOMPRESS_FLOOR_BYTES, DECOMPRESS_MAX_RATIO * Path(path).stat().st_size)
 
 
-def _iter_nonblank_lines(path: Path) -> Iterator[tuple[int, str]]:
-    with _open_text(path) as f:
+class _Decompressed(io.RawIOBase):
+    """A decompressing reader that stops at `cap` bytes and turns a truncated or corrupt stream
+    into a TraceError naming the file."""
+
+    def __init__(self, path: Path, inner, kind: str, cap: int) -> None:
+        self.path, self.inner, self.kind, self.cap, self.total = path, inner, kind, cap, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        try:
+            data = self.inner.read(len(buf))
+        except (EOFError, OSError, zlib.error, lzma.LZMAError) as e:
+            raise TraceError(self.path, f"truncated or corrupt {self.kind} file: {e}") from None
+        self.total += len(data)
+        if self.total > self.cap:
+            raise TraceError(
+                self.path,
+                f"decompresses to more than {self.cap / (1 << 20):,.1f} MiB (the cap: {DECOMPRESS_MAX_RATIO} "
+                f"times the file's size, at least {DECOMPRESS_FLOOR_BYTES >> 20} MiB); decompress it "
+                "yourself to load it, or pass max_decompressed_bytes= to traces.load",
+            )
+        buf[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
+
+
+def _open_binary(path: Path, cap: int | None = None):
+    """The file's bytes, decompressed (gzip, bz2, xz: from its content, not its name) up to `cap`
+    bytes (default: default_decompressed_cap)."""
+    kind = _compression(path)
+    if kind is None:
+        return open(path, "rb")
+    inner = {"gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open}[kind](path, "rb")
+    cap = default_decompressed_cap(path) if cap is None else cap
+    return io.BufferedReader(_Decompressed(path, inner, kind, cap), buffer_size=1 << 20)
+
+
+def _open_text(path: Path, cap: int | None = None):
+    return io.TextIOWrapper(_open_binary(path, cap), encoding="utf-8-sig", newline="")
+
+
+def _iter_nonblank_lines(path: Path, cap: int | None = None) -> Iterator[tuple[int, str]]:
+    with _open_text(path, cap) as f:
         for lineno, line in enumerate(f, start=1):
             if line.strip():
                 yield lineno, line
@@ -279,8 +336,8 @@ def _parse_time(raw: Any, unit: str | None, acc: _Acc) -> np.ndarray:
 def _convert_chunk(raw: dict[str, Any], extras: dict[str, Any], spec: _Spec, acc: _Acc) -> None:
     """Convert one chunk (canonical name -> source column) and append it to acc; rows are chunk-relative."""
     acc.add("arrival", _parse_time(raw["arrival_s"], spec.time_unit, acc))
-    acc.add("prompt_len", to_int64(raw["prompt_len"], "prompt_len", min_value=1))
-    acc.add("output_len", to_int64(raw["output_len"], "output_len", min_value=0))
+    acc.add("prompt_len", to_int64(raw["prompt_len"], "prompt_len", min_value=1, max_value=MAX_TOKENS))
+    acc.add("output_len", to_int64(raw["output_len"], "output_len", min_value=0, max_value=MAX_TOKENS))
     if "request_id" in raw:
         acc.add("request_id", to_int64(raw["request_id"], "request_id"))
     if "session_id" in raw:
@@ -492,20 +549,38 @@ def _resolve(
 
 
 def _no_format(path: Path, fmt: str, columns: list[str], line: int | None) -> TraceError:
-    return TraceError(
-        path,
-        f"cannot tell the trace format from columns [{', '.join(map(str, columns))}] ({fmt}). {_HINT}",
-        line=line,
-        field="arrival_s",
-    )
+    """No format's columns are all there: name the missing ones of the format the file comes
+    closest to (the kvplan schema, or a known format that shares at least two columns)."""
+    present = {str(c).strip() for c in columns}
+    candidates = {"kvplan": ("arrival_s", "prompt_len", "output_len")}
+    candidates.update({k: tuple(sorted(v)) for k, v in _DETECT.items()})
+    near, missing = None, ()
+    for name, cols in candidates.items():
+        lacking = tuple(c for c in cols if c not in present)
+        if len(cols) - len(lacking) >= (0 if name == "kvplan" else 2) and (
+            near is None or len(lacking) < len(missing)
+        ):
+            near, missing = name, lacking
+    what = f"cannot tell the trace format from columns [{', '.join(map(str, columns))}] ({fmt})"
+    if near is not None:
+        what += f"; read as {near}, it lacks {', '.join(missing)}"
+    return TraceError(path, f"{what}. {_HINT}", line=line, field=missing[0] if near else None)
 
 
 # --------------------------------------------------------------------------- CSV
 
 
+def _csv_source(path: Path, opts: dict):
+    """What pandas reads: the path, or a capped decompressing reader of a compressed file."""
+    if _compression(path) is None:
+        return contextlib.nullcontext(path)
+    return _open_binary(path, opts["max_decompressed_bytes"])
+
+
 def _load_csv(path: Path, spec: _Spec | None, column_map, opts: dict) -> Trace:
     try:
-        header = list(pd.read_csv(path, nrows=0).columns)
+        with _csv_source(path, opts) as src:
+            header = list(pd.read_csv(src, nrows=0).columns)
     except pd.errors.EmptyDataError:
         raise TraceError(path, "empty file") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
@@ -521,7 +596,10 @@ def _load_csv(path: Path, spec: _Spec | None, column_map, opts: dict) -> Trace:
     line_of = lambda k: _csv_line_of(path, k)  # noqa: E731
     try:
         # All columns are read (no usecols) so that a row with too many fields is an error, not ignored.
-        with pd.read_csv(path, chunksize=opts["chunksize"], engine="c") as reader:
+        with (
+            _csv_source(path, opts) as src,
+            pd.read_csv(src, chunksize=opts["chunksize"], engine="c") as reader,
+        ):
             for chunk in reader:
                 raw = {canon: chunk[src] for canon, src in mapping.items()}
                 ex = {name: chunk[src].reset_index(drop=True) for name, src in extras.items()}
@@ -552,7 +630,7 @@ def _apply_opts(spec: _Spec, opts: dict) -> None:
 # --------------------------------------------------------------------------- JSON Lines
 
 
-def _read_json_fast(path: Path, spec: _Spec | None) -> pa.Table | None:
+def _read_json_fast(path: Path, spec: _Spec | None, cap: int | None) -> pa.Table | None:
     import pyarrow.json as pj
 
     parse = pj.ParseOptions(newlines_in_values=False)
@@ -567,18 +645,19 @@ def _read_json_fast(path: Path, spec: _Spec | None) -> pa.Table | None:
         )
         parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     try:
-        with pa.input_stream(str(path)) as stream:
+        plain = _compression(path) is None
+        with pa.input_stream(str(path), compression=None) if plain else _open_binary(path, cap) as stream:
             return pj.read_json(stream, read_options=pj.ReadOptions(block_size=16 << 20), parse_options=parse)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
 
 
-def _read_json_slow(path: Path) -> tuple[list[dict], list[int]]:
+def _read_json_slow(path: Path, cap: int | None) -> tuple[list[dict], list[int]]:
     """Parse line by line with the standard library; TraceError on the first malformed line."""
     objs: list[dict] = []
     lines: list[int] = []
     try:
-        for lineno, line in _iter_nonblank_lines(path):
+        for lineno, line in _iter_nonblank_lines(path, cap):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
@@ -593,7 +672,7 @@ def _read_json_slow(path: Path) -> tuple[list[dict], list[int]]:
 
 
 def _load_jsonl(path: Path, spec: _Spec | None, column_map, opts: dict) -> Trace:
-    table = _read_json_fast(path, spec)
+    table = _read_json_fast(path, spec, opts["max_decompressed_bytes"])
     lines: list[int] | None = None
     if table is not None:
         columns = table.column_names
@@ -601,7 +680,7 @@ def _load_jsonl(path: Path, spec: _Spec | None, column_map, opts: dict) -> Trace
             raise TraceError(path, "empty file")
         get = table.column
     else:
-        objs, lines = _read_json_slow(path)
+        objs, lines = _read_json_slow(path, opts["max_decompressed_bytes"])
         if not objs:
             raise TraceError(path, "empty file")
         columns = list(dict.fromkeys(k for o in objs for k in o))
@@ -692,6 +771,7 @@ def load(
     zero_output: str | None = None,
     rebase: bool | None = None,
     chunksize: int = 500_000,
+    max_decompressed_bytes: int | None = None,
 ) -> Trace:
     """Load a trace file into a Trace (sorted by arrival, times in seconds from the first request).
 
@@ -701,6 +781,8 @@ def load(
     zero_output: "drop" or "error" for rows whose output length is 0 (default: drop for BurstGPT, where
     they are failed requests, error elsewhere). rebase: shift times so the first request is at 0
     (default: yes, except for files already in the kvplan schema). The LoadReport is trace.load_report.
+    max_decompressed_bytes: the most bytes a gzip / bz2 / xz file may decompress to (default: 100 times
+    its size, at least 16 MiB); a file beyond it raises TraceError instead of filling memory.
     """
     path = Path(path)
     if not path.is_file():
@@ -713,6 +795,8 @@ def load(
         raise ValueError(f"zero_output must be 'drop' or 'error'; got {zero_output!r}")
     if chunksize < 1:
         raise ValueError(f"chunksize must be >= 1; got {chunksize}")
+    if max_decompressed_bytes is not None and max_decompressed_bytes < 1:
+        raise ValueError(f"max_decompressed_bytes must be >= 1; got {max_decompressed_bytes}")
     fmt = format or detect_format(path)
     if path.stat().st_size == 0:
         raise TraceError(path, "empty file")
@@ -723,6 +807,7 @@ def load(
         zero_output=zero_output,
         rebase=rebase,
         chunksize=chunksize,
+        max_decompressed_bytes=max_decompressed_bytes,
     )
     if column_map is not None and fmt in ("azure", "burstgpt"):
         fmt = "csv"

@@ -24,13 +24,16 @@ OPTIONAL_COLUMNS = ("session_id", "prefix_block_ids", "prompt_token_ids")
 SCHEMA_DOC = {
     "request_id": "int64, unique per trace (loaders: the 0-based data row in the source file)",
     "arrival_s": "float64 seconds since the trace start, finite, >= 0, non-decreasing",
-    "prompt_len": "int64 >= 1, prompt (input) tokens",
-    "output_len": "int64 >= 1, output (generated) tokens",
+    "prompt_len": "int64, 1 to 10,000,000 (MAX_TOKENS), prompt (input) tokens",
+    "output_len": "int64, 1 to 10,000,000 (MAX_TOKENS), output (generated) tokens",
     "session_id": "optional int64; rows of one multi-turn conversation share it (-1: no session)",
     "prefix_block_ids": "optional list<int64> per row: ids of the prompt's blocks of "
     "`prefix_block_size` tokens, in order; equal leading ids mean an equal leading prefix",
     "prompt_token_ids": "optional list<int64> per row (null: use synthetic tokens), len == prompt_len",
 }
+# The most tokens one request's prompt or output may have: beyond every model's context, and small
+# enough that simulating such a row cannot take minutes and gigabytes.
+MAX_TOKENS = 10_000_000
 LIST_TYPE = pa.list_(pa.int64())
 PARQUET_META_KEY = b"kvplan.trace"
 
@@ -212,8 +215,11 @@ def _coerce(ser: pd.Series, field: str) -> np.ndarray:
     return num
 
 
-def to_int64(values: Any, field: str, *, min_value: int | None = None) -> np.ndarray:
-    """Column -> int64 array, or RowProblem naming the first bad row (missing, non-numeric, fractional)."""
+def to_int64(
+    values: Any, field: str, *, min_value: int | None = None, max_value: int | None = None
+) -> np.ndarray:
+    """Column -> int64 array, or RowProblem naming the first bad row (missing, non-numeric, fractional,
+    outside [min_value, max_value])."""
     arr, ser = _numeric_view(values)
     if arr is not None and arr.dtype.kind in "iu":
         out = arr.astype(np.int64, copy=False)
@@ -235,6 +241,11 @@ def to_int64(values: Any, field: str, *, min_value: int | None = None) -> np.nda
             row, count = _first(bad)
             kind = "negative value" if out[row] < 0 else "value"
             raise RowProblem(field, row, f"{kind} {int(out[row])} (must be >= {min_value})", count)
+    if max_value is not None:
+        bad = out > max_value
+        if bad.any():
+            row, count = _first(bad)
+            raise RowProblem(field, row, f"value {int(out[row]):,} (must be <= {max_value:,})", count)
     return out
 
 
@@ -345,8 +356,8 @@ def normalize_frame(df: pd.DataFrame | dict[str, Any], prefix_block_size: int | 
     out: dict[str, Any] = {
         "request_id": to_int64(cols["request_id"], "request_id"),
         "arrival_s": to_float64(cols["arrival_s"], "arrival_s"),
-        "prompt_len": to_int64(cols["prompt_len"], "prompt_len", min_value=1),
-        "output_len": to_int64(cols["output_len"], "output_len", min_value=1),
+        "prompt_len": to_int64(cols["prompt_len"], "prompt_len", min_value=1, max_value=MAX_TOKENS),
+        "output_len": to_int64(cols["output_len"], "output_len", min_value=1, max_value=MAX_TOKENS),
     }
     neg = out["arrival_s"] < 0
     if neg.any():
