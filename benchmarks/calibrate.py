@@ -57,7 +57,7 @@ def main() -> None:
         "--fit-replays",
         default="",
         help="name=START:END@SCALE,...: windows served before the fit whose step records join the sweep's "
-        "(in session 8 this fitted worse than the sweep alone: docs/PERF.md)",
+        "(on 2026-11-29 this fitted worse than the sweep alone: docs/archive/PERF-history.md)",
     )
     p.add_argument(
         "--async-scheduling", action="store_true", help="serve (profile and replays) with async scheduling"

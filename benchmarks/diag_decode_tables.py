@@ -6,7 +6,7 @@ block tables (contiguous, as after a prefix-cache reset, or scattered: the free 
 lengths (the sweep's geometric spread, or a serving-like lognormal draw of the same sum), the
 decode graph's padding (96 sequences in the 96 graph, or 100 in the 112 graph), and what ran
 before (nothing, or a heavy replay: a hot GPU and tables fragmented by serving). Prints medians.
-It found the lengths (session 10: one split per sequence at large batches); KVPLAN_DECODE_BALANCE=0
+It found the lengths (2026-11-30: one split per sequence at large batches); KVPLAN_DECODE_BALANCE=0
 runs the kernel as it was before its splits were balanced.
 
     PYTHONPATH=. python3 benchmarks/diag_decode_tables.py [--out DIR] [--replay 600:660@8]
@@ -45,7 +45,7 @@ def sweep_lengths(num_seqs: int = 96, longest: int = 4096) -> list[int]:
 def serving_lengths(num_seqs: int, total: int, seed: int = 1) -> list[int]:
     """A lognormal draw (median ~900, as the trace's conversations) scaled to sum to about `total`,
     clipped to 6,500 tokens before the last rescale (so a few may end slightly above), in random
-    order. Kept as measured in session 10; the sweep's `engine.profiling.serving_lengths` clips last."""
+    order. Kept as measured on 2026-11-30; the sweep's `engine.profiling.serving_lengths` clips last."""
     rng = np.random.default_rng(seed)
     x = np.clip(rng.lognormal(np.log(900), 0.9, num_seqs), 16, None)
     x = np.clip(x * total / x.sum(), 16, 6500)

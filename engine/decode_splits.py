@@ -6,7 +6,7 @@ from __future__ import annotations
 MAX_SPLITS = 32  # cap of choose_num_splits; also the merge kernel's chunk of splits
 WAVES = 2  # num_splits_for_batch aims at this many programs per SM
 MIN_SPLIT_TOKENS = 64  # a split covers whole pages and at least this many tokens
-# Balanced splitting (the default since session 10): a large batch keeps MIN_GRID_SPLITS programs per
+# Balanced splitting (the default): a large batch keeps MIN_GRID_SPLITS programs per
 # sequence and kv head in its grid, and a sequence uses as many of them as it needs for none of its
 # splits to read more than 1 / (BALANCE_WAVES x SMs) of the step's KV (whole units, at least one).
 # Without it one long sequence among many short ones is one program that the whole step waits for.
@@ -21,7 +21,7 @@ def split_unit(block_size: int) -> int:
 
 def split_block(block_size: int, fine: bool = True) -> int:
     """The page size the split rules here count in (their `block_size`) for a cache of `block_size`
-    pages. `fine` (the engine since session 13): pages over MIN_SPLIT_TOKENS are split inside, so
+    pages. `fine` (the engine's default): pages over MIN_SPLIT_TOKENS are split inside, so
     splits are made of MIN_SPLIT_TOKENS-token units at any page size (the kernel looks up each token's
     page). Without it, whole pages (the engine before; with $KVPLAN_DECODE_FINE_SPLITS=0)."""
     return min(block_size, MIN_SPLIT_TOKENS) if fine else block_size

@@ -71,7 +71,8 @@ class LLM:
     `freeze_gc` (as vLLM does) moves every object alive after start-up out of the garbage collector's
     reach until `close()`, so full collections stop walking the kernels' large compile caches in the
     middle of host-bound steps. Off by default: in a heavy replay it did not make eager steps faster
-    (benchmarks/diag_replay_steps.py, docs/PERF.md session 4); the shipped profiles were fitted without.
+    (benchmarks/diag_replay_steps.py, 2026-11-29: docs/archive/PERF-history.md); the shipped profiles
+    were fitted without.
     `prefill_graphs` (default $KVPLAN_PREFILL_GRAPHS, else on) runs prefill and mixed steps through
     piecewise CUDA graphs (engine/piecewise.py) whenever decode steps use graphs.
     `async_scheduling` overlaps the host's work for a decode step (postprocess, schedule, inputs,

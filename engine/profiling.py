@@ -118,7 +118,7 @@ def serving_workloads(limits: SweepLimits) -> list[Workload]:
     """Decode batches as serving near saturation runs them: lengths drawn as conversations' are
     (`serving_lengths`), filling ~96 % of the cache's blocks with room to decode: the steps' tokens
     and, on average, half a block per sequence (its last block's unused part). Their steps cost more
-    per token than the geometric spreads' at the same totals (docs/PERF.md, session 10)."""
+    per token than the geometric spreads' at the same totals (docs/PERF.md, "Kernels and step pieces")."""
     out = []
     for b in (64, 96, 128, 160, 192):
         budget = int(0.96 * limits.kv_tokens) - b * (DECODE_STEPS + limits.block_size // 2)

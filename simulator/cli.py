@@ -285,9 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--split-kv",
         default="like",
         help="how the engine's decode kernel split each sequence's KV: KV_HEADS:SMS (kv heads per TP rank, "
-        "GPU SMs; the Triton split-KV kernel before session 10, e.g. 8:132 for Qwen3 on an H200), "
+        "GPU SMs; the Triton split-KV kernel before balanced splits, e.g. 8:132 for Qwen3 on an H200), "
         "KV_HEADS:SMS:BLOCK_SIZE (its balanced splits, e.g. 8:132:16), KV_HEADS:SMS:BLOCK_SIZE:SPLIT_TOKENS "
-        "(balanced, pages over 64 tokens split inside since session 13, e.g. 8:132:256:64), 'none', or "
+        "(balanced, pages over 64 tokens split inside, e.g. 8:132:256:64), 'none', or "
         "'like' (default: --like's)",
     )
     fit.add_argument(

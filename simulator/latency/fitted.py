@@ -171,10 +171,10 @@ class SplitKV:
     """A decode kernel that splits each sequence's KV over programs as the engine's Triton split-KV
     kernel does (`engine.decode_splits`): its longest program reads about max_seq_len / splits
     tokens. Per TP rank: kv heads of one rank, SMs of one GPU. Not `balanced` (engines before
-    session 10): every sequence takes the batch size's splits. `balanced`: the longest sequence
+    balanced splits): every sequence takes the batch size's splits. `balanced`: the longest sequence
     takes as many as keep its splits near an even share of the step's keys, in units of whole pages of
     `block_size` (at least 64 tokens), or of `split_tokens` where the engine split larger pages
-    inside (since session 13; 0: whole pages, as profiles before it record)."""
+    inside (0: whole pages, as profiles recorded before the engine split inside pages)."""
 
     num_kv_heads: int
     num_sms: int
@@ -667,7 +667,7 @@ def infer_overlapped(frame: pd.DataFrame) -> np.ndarray:
     ran, for records from before the `overlapped` column: a decode step right after a decode step of
     as many requests (none finished, none admitted). Steps whose engine had requests waiting (a full
     cache) were not, and this cannot see that: use it on profiling sweeps, whose batches run with
-    nothing waiting (on session 11's shipped block-16 sweep it agrees with the recorded column on
+    nothing waiting (on the shipped block-16 `_async` sweep it agrees with the recorded column on
     99.88 % of the steps), not on replays near saturation."""
     kind = frame["kind"].astype(str).to_numpy()
     num_seqs = frame["num_seqs"].to_numpy()
