@@ -251,9 +251,16 @@ class BlockManager:
             need += sum(1 for b in hits if not ref_counts[b])
         return need
 
-    def allocate_slots(self, seq: Sequence, num_tokens: int, hits: list[int] | None = None) -> bool:
+    def allocate_slots(
+        self,
+        seq: Sequence,
+        num_tokens: int,
+        hits: list[int] | None = None,
+        num_tokens_to_cache: int | None = None,
+    ) -> bool:
         """Grow `seq.block_table` to cover `num_tokens` slots, first taking the prefix-hit blocks, and
-        register the blocks those tokens fill. Returns False, changing nothing, when too few are free.
+        register the blocks that the first `num_tokens_to_cache` tokens (default: all) fill. Returns
+        False, changing nothing, when too few are free.
         """
         table = seq.block_table
         if hits:
@@ -273,8 +280,10 @@ class BlockManager:
             return False
         if num_new > 0:
             self.take_free_blocks(table, num_new)
-        if self.enable_prefix_caching and num_tokens // self.block_size > seq.num_cached_blocks:
-            self.cache_full_blocks(seq, num_tokens)
+        if num_tokens_to_cache is None:
+            num_tokens_to_cache = num_tokens
+        if self.enable_prefix_caching and num_tokens_to_cache // self.block_size > seq.num_cached_blocks:
+            self.cache_full_blocks(seq, num_tokens_to_cache)
         return True
 
     def record_prefix_query(self, num_queried_tokens: int, num_hit_tokens: int) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from itertools import chain, compress, islice
-from operator import attrgetter, not_, sub
+from operator import attrgetter, is_, not_, sub
 
 from engine.block_manager import ROOT_HASH, BlockManager
 from engine.config import SchedulerConfig, cdiv
@@ -384,7 +384,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.finish_time = now
-        self.block_manager.free(seq)
+        self._release(seq)
         self.num_finished += 1
         finished.append(seq)
 
@@ -420,8 +420,9 @@ class Scheduler:
             if len(seq.token_ids) - c != 1:
                 first_other = seq
                 break
-            # (c + 1) % bs < 2: c opens a block or fills one; mid-block there is nothing to do
-            if (c + 1) % bs < 2 and not self._grant_blocks(seq, c + 1, step):
+            # c % bs == 0: c opens a block (and registers the one the step before filled); elsewhere
+            # there is nothing to do
+            if not c % bs and not self._grant_blocks(seq, c + 1, step, 1):
                 break
             add_computed(c)
         k = len(computed)
@@ -442,12 +443,12 @@ class Scheduler:
             c = seq.num_computed_tokens
             n = len(seq.token_ids) - c
             if n == 1:  # a plain decode, as above
-                if (c + 1) % bs < 2 and not self._grant_blocks(seq, c + 1, step):
+                if not c % bs and not self._grant_blocks(seq, c + 1, step, 1):
                     break
             else:
                 if n > budget:
                     n = budget
-                if not self._grant_blocks(seq, c + n, step):
+                if not self._grant_blocks(seq, c + n, step, 0):
                     break
             add_seq(seq)
             add_new(n)
@@ -455,49 +456,60 @@ class Scheduler:
             budget -= n
         step.budget = budget
 
-    def _grant_blocks(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
-        """Give `seq` the blocks that `num_tokens` computed tokens need and register those they fill,
-        preempting when blocks run out; False when `seq` cannot run this step."""
+    def _grant_blocks(self, seq: Sequence, num_tokens: int, step: _StepBuilder, num_pending: int) -> bool:
+        """Give `seq` the blocks that `num_tokens` computed tokens need, preempting when blocks run
+        out, and register the full blocks of all but its last `num_pending` tokens (see
+        `_register_known`); False when `seq` cannot run this step."""
         bm = self.block_manager
-        bs, caching = bm.block_size, bm.enable_prefix_caching
-        num_slots = len(seq.block_table) * bs
+        num_slots = len(seq.block_table) * bm.block_size
         if num_tokens > num_slots:
-            if (
-                num_tokens <= num_slots + bs
-                and bm.num_free_blocks
-                and not (caching and num_tokens // bs > seq.num_cached_blocks)
-            ):
+            if num_tokens <= num_slots + bm.block_size and bm.num_free_blocks:
                 bm.take_free_blocks(seq.block_table, 1)  # a decode opening one block
-                return True
-            return self._allocate_or_preempt(seq, num_tokens, step)
-        if caching and num_tokens // bs > seq.num_cached_blocks:
-            bm.cache_full_blocks(seq, num_tokens)  # the step fills a block it already has
+            elif not self._allocate_or_preempt(seq, num_tokens, step, num_pending):
+                return False
+        self._register_known(seq, num_tokens - num_pending)
         return True
+
+    def _register_known(self, seq: Sequence, num_tokens: int) -> None:
+        """Register the blocks that the first `num_tokens` tokens of `seq` fill.
+
+        A step registers the blocks full of tokens whose values the host has: a prefill chunk's (the
+        prompt's, or a preempted request's landed tokens), but not a decode's pending token, the
+        sample of the step before, which an engine scheduling ahead does not have yet. So the
+        block a decode fills is registered one step later, by the decode that opens the next block,
+        or when its request finishes or is preempted (`_release`): one rule for both clocks, which
+        leaves a schedule that runs ahead no token value to read (`schedule_reads_no_token_values`).
+        """
+        bm = self.block_manager
+        if bm.enable_prefix_caching and num_tokens // bm.block_size > seq.num_cached_blocks:
+            bm.cache_full_blocks(seq, num_tokens)
+
+    def _release(self, seq: Sequence) -> None:
+        """Free the blocks of `seq` (finished or preempted), first registering those its computed
+        tokens fill (the last a decode filled waits for this, see `_register_known`)."""
+        self._register_known(seq, seq.num_computed_tokens)
+        self.block_manager.free(seq)
 
     def schedule_reads_no_token_values(self) -> bool:
         """Whether the next `schedule()` reads no value of the running requests' last tokens, so that
         it may run before they are known (the engine's async scheduling). It would where a request
-        waits (admission looks prefixes up), where a decode opens a block the free list cannot give
-        (preemption: the victim could be admitted again in the same step), and where a decode fills
-        a block that `_grant_blocks` registers by its hash (a first block, or one of a sequence that
-        registers eagerly; the later blocks of a lazy chain are hashed only when a lookup reaches
-        the chain)."""
+        waits (admission looks prefixes up) and where a decode opens a block the free list cannot
+        give (preemption: the victim could be admitted again in the same step). Registration never
+        reads them: a decode's pending token is hashed one step later (`_register_known`)."""
         if self.waiting or not self.running:
             return False
-        bm = self.block_manager
-        bs, caching = bm.block_size, bm.enable_prefix_caching
+        bs = self.block_manager.block_size
         opens = 0
         for seq in self.running:
-            c = seq.num_computed_tokens  # the position of its pending token
-            if caching and (c + 1) % bs == 0 and (c < bs or not bm.registers_lazily(seq)):
-                return False
-            if c % bs == 0:
+            if not seq.num_computed_tokens % bs:  # its pending token opens a block
                 opens += 1
-        return opens <= bm.num_free_blocks
+        return opens <= self.block_manager.num_free_blocks
 
-    def _allocate_or_preempt(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
+    def _allocate_or_preempt(
+        self, seq: Sequence, num_tokens: int, step: _StepBuilder, num_pending: int = 0
+    ) -> bool:
         bm, running = self.block_manager, self.running
-        while not bm.allocate_slots(seq, num_tokens):
+        while not bm.allocate_slots(seq, num_tokens, num_tokens_to_cache=num_tokens - num_pending):
             victim = running.pop()
             if victim is seq and not running:
                 # Alone in the cache and still out of blocks: it can never continue.
@@ -510,7 +522,7 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        self.block_manager.free(seq)
+        self._release(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -652,7 +664,7 @@ class Scheduler:
                 k_max = left
             if not seq.ignore_eos:
                 return 0
-            if len(seq.block_table) != -(-c // bs) or (caching and seq.num_cached_blocks != c // bs):
+            if len(seq.block_table) != -(-c // bs) or (caching and not _registered(seq, c, bs)):
                 return 0
             add(c)
         return k_max
@@ -715,7 +727,7 @@ class Scheduler:
             n = len(seq.token_ids)
             if n - c != 1 or not seq.ignore_eos or seq.last_token_time is None:
                 return 0
-            if len(seq.block_table) != -(-c // bs) or (caching and seq.num_cached_blocks != c // bs):
+            if len(seq.block_table) != -(-c // bs) or (caching and not _registered(seq, c, bs)):
                 return 0
             left = seq.stop_num_tokens - n  # add_request capped it at max_model_len
             if left < k_max:
@@ -760,14 +772,15 @@ class Scheduler:
         prev = hashes[h - 1] if h else ROOT_HASH
         running = self.running
         for idx in near:
-            seq = running[idx]
-            if seq.num_cached_blocks != h:
+            seq, c = running[idx], computed[idx]
+            # its block h is registered next: it holds h blocks, or h - 1 and a full one (see `_registered`)
+            if seq.num_cached_blocks != h and not (seq.num_cached_blocks == h - 1 and c == h * bs):
                 continue
             # h > 0: the head's lookup materialized the chain of its first block, so a sequence that
             # registers lazily has another first block (and no hash memo to read beyond it)
-            if h and (bm.registers_lazily(seq) or seq.block_hashes[h - 1] != prev):
+            if h and (bm.registers_lazily(seq) or bm.block_hashes(seq, h)[h - 1] != prev):
                 continue
-            step = (h + 1) * bs - computed[idx]  # the step that fills its block h
+            step = (h + 1) * bs - c + 1  # the step that opens its block h + 1, registering block h
             if step <= k:
                 tokens = seq.token_ids[h * bs : (h + 1) * bs]
                 tokens += [token_id] * (bs - len(tokens))
@@ -839,8 +852,8 @@ class Scheduler:
             first = len(seq.block_table) * bs - c + 1
             if first <= k:
                 opens.append((first, idx))
-            if caching and (c + k) // bs > seq.num_cached_blocks:
-                fills.append((seq, c + k))
+            if caching and (c + k - 1) // bs > seq.num_cached_blocks:  # see `_register_known`
+                fills.append((seq, c + k - 1))
         if not fills:
             self._take_run_blocks(k, opens)
             return
@@ -894,7 +907,8 @@ class Scheduler:
 
     def _apply_block_events(self, k: int, computed: list[int], near: list[int]) -> None:
         """Allocate and register block by block, in the order stepping would (by step, then running
-        index, an allocation before a registration)."""
+        index, an allocation before a registration: a decode registers the block the step before it
+        filled when it opens the next, see `_register_known`)."""
         running, bm = self.running, self.block_manager
         bs = bm.block_size
         events: list[tuple[int, int, int]] = []
@@ -902,14 +916,35 @@ class Scheduler:
             seq = running[idx]
             c = computed[idx]
             events += [(j, idx, 0) for j in range(len(seq.block_table) * bs - c + 1, k + 1, bs)]
-            events += [(j, idx, 1) for j in range((seq.num_cached_blocks + 1) * bs - c, k + 1, bs)]
+            events += [(j, idx, 1) for j in range((seq.num_cached_blocks + 1) * bs - c + 1, k + 1, bs)]
         events.sort()
         for j, idx, register in events:
             seq = running[idx]
             if register:
-                bm.cache_full_blocks(seq, computed[idx] + j)
+                bm.cache_full_blocks(seq, computed[idx] + j - 1)
             else:
                 bm.take_free_blocks(seq.block_table, 1)
+
+
+def can_run_ahead(batch: ScheduledBatch) -> bool:
+    """Async scheduling: whether `batch` is a decode step whose requests stop by length only (EOS
+    ignored). Postprocessing it needs no token value, so an engine may postprocess it on
+    placeholders while the device computes its tokens, and schedule the next step meanwhile."""
+    return batch.kind == "decode" and all(seq.stop_token_id == -1 for seq in batch.seqs)
+
+
+def follows(prev_seqs: Seq[Sequence], seqs: Seq[Sequence]) -> bool:
+    """Whether `seqs` are the first of `prev_seqs`, in order."""
+    return len(seqs) <= len(prev_seqs) and all(map(is_, seqs, prev_seqs))
+
+
+def schedules_ahead(prev_seqs: Seq[Sequence], batch: ScheduledBatch) -> bool:
+    """Async scheduling: whether `batch`, scheduled while a step of `prev_seqs` that
+    `can_run_ahead` still runs (and `Scheduler.schedule_reads_no_token_values` held), is launched
+    behind it: a step that can run ahead too, of the first of `prev_seqs` in order (`follows`), whose
+    input tokens are then the first of that step's samples, still on the device. Else the engine
+    waits for that step's tokens and runs `batch` after it. Both clocks decide overlap with this."""
+    return can_run_ahead(batch) and follows(prev_seqs, batch.seqs)
 
 
 _get_num_computed_tokens = attrgetter("num_computed_tokens")
@@ -920,6 +955,12 @@ _get_token_ids = attrgetter("token_ids")
 def _fewest_tokens_left(seqs: list[Sequence]) -> int:
     """The fewest tokens any of `seqs` can still get before its length stop (in C)."""
     return min(map(sub, map(_get_stop_num_tokens, seqs), map(len, map(_get_token_ids, seqs))))
+
+
+def _registered(seq: Sequence, num_computed: int, block_size: int) -> bool:
+    """Whether a decode with `num_computed` tokens has its blocks registered as `_register_known`
+    leaves them: those full of its computed tokens, but perhaps the last (filled by the step before)."""
+    return (num_computed - 1) // block_size <= seq.num_cached_blocks <= num_computed // block_size
 
 
 def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:

@@ -7,14 +7,13 @@ steps that end earlier run back to back, landing on the same times). No scheduli
 
 With `SimConfig.async_scheduling` a replica follows the engine's async loop (engine/llm.py): a decode
 step is launched and the next one scheduled while it runs, so the scheduler sees the requests that
-had arrived when the step before started (later ones wait in the replica's inbox one step more), and
-a decode step scheduled while the one before it ran ("overlapped": the step before was a decode and
-no request waited) costs what the latency model's `overlapped_model()` says, without the host's time.
-Nor is a step overlapped after a step in which a request finished: the engine schedules ahead only a
-batch whose requests lead the last one's, in order (the simulation takes any finish as breaking that,
-though one of the last requests finishing does not). The engine also declines to schedule ahead where
-a decode fills a block that prefix caching hashes at once, or opens more blocks than are free; the
-simulation does not model those rare cases.
+had arrived when the step before started (later ones wait in the replica's inbox one step more).
+Whether a step is scheduled ahead ("overlapped") is the engine's decision, asked of the same core:
+the step before `can_run_ahead`, `Scheduler.schedule_reads_no_token_values()` held before it was
+scheduled, and `schedules_ahead` holds for it. An overlapped step costs what the latency model's
+`overlapped_model()` says, without the host's time. Inside a fast-forwarded run those answers do not
+change after its first step (no request finishes before its last step, none is admitted or
+preempted, and a waiting request waits throughout), so a run takes one view for all its steps.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from functools import partial
 import simpy
 
 from engine.block_manager import BlockManager
-from engine.scheduler import Scheduler, accumulate_decode_times
+from engine.scheduler import Scheduler, accumulate_decode_times, can_run_ahead, follows, schedules_ahead
 from engine.sequence import SamplingParams, Sequence, SequenceStatus, request_record
 from simulator.cluster import make_router
 from simulator.config import SimConfig
@@ -124,8 +123,9 @@ class Replica:
         self.overlapped_latency = overlapped() if overlapped is not None else latency
         # async: requests arrived but not yet seen by the scheduler, (arrival_s, id, prompt, output_len)
         self.inbox: deque[tuple[float, int, list[int], int]] = deque()
-        self._deferred_start: float | None = None  # async: start of the last step, a deferred decode
-        self._chain_broken = False  # async: a request finished in the last step
+        # async: the start and requests of the last step when it ran ahead (`can_run_ahead`), else None
+        self._deferred_start: float | None = None
+        self._deferred_seqs: tuple[Sequence, ...] | list[Sequence] | None = None
         self._lagged = LaggedDecodeTimes(self.decode_times)
         self._lagged_overlapped = LaggedDecodeTimes(_decode_times(self.overlapped_latency))
         self.clock = 0.0  # exact simulated time of this replica; env.now follows it
@@ -139,6 +139,7 @@ class Replica:
         self.capacity = CapacityUse()
         self.itl = ITLBins()
         self.batch_log: list[tuple] | None = None  # per-step decisions, when asked (tests)
+        self.overlap_log: list[bool] | None = None  # per step of batch_log: scheduled ahead
         self._last_sample = -math.inf
         self._wakeup: simpy.Event | None = None
         self._params: dict[int, SamplingParams] = {}
@@ -203,7 +204,7 @@ class Replica:
                     self.clock = max(self.clock, arrival_s)
                 if self.inbox:  # async: an idle engine sees every request that has arrived
                     self.clock = max(self.clock, self.inbox[0][0])
-                    self._deferred_start = None
+                    self._deferred_start = self._deferred_seqs = None
                     self._admit(self.clock)
             yield from self._serve()
 
@@ -226,20 +227,22 @@ class Replica:
         now, owed, segments = env.now, [], 0
         pending = None  # (steps, end, finished) of a run that a step's postprocess ran: the next segment
         pending_overlapped = False  # async: that run's steps were scheduled ahead
+        ahead = False  # async: the next step is scheduled while the one before runs, if it chains
         while pending is not None or sched.has_unfinished():
             start = self.clock
             batch, k = None, 0
             if async_ and pending is None:
-                latency, decode_times = self._async_views(start)
+                ahead, decode_times = self._async_views(start)
             if pending is not None:
                 (k, end, finished), pending = pending, None
                 run_overlapped = pending_overlapped
             elif fast_forward is not None and decode_times is not None:
                 deadline = self._deadline() if async_ else arrival.time
+                run_seqs = tuple(sched.running) if async_ else None  # the run's, for the next step
                 k, end, finished = fast_forward(decode_times, start, deadline, SIM_TOKEN_ID)
                 run_overlapped = decode_times is self._lagged_overlapped
                 if k and async_:
-                    self._deferred_start = decode_times.times[k - 1]
+                    self._deferred_start, self._deferred_seqs = decode_times.times[k - 1], run_seqs
             if k:
                 if run_overlapped:
                     counters.num_overlapped_steps += k
@@ -259,10 +262,15 @@ class Replica:
                             f"replica {self.index}: the scheduler made no progress at t={self.clock}"
                         )
                     continue
-                step_s = latency.predict(batch).total
+                overlapped = ahead and schedules_ahead(self._deferred_seqs, batch)
+                if self.overlap_log is not None:
+                    self.overlap_log.append(overlapped)
+                if overlapped:
+                    counters.num_overlapped_steps += 1
+                    step_s = self.overlapped_latency.predict(batch).total
+                else:
+                    step_s = latency.predict(batch).total
                 end = start + step_s
-                if decode_times is self._lagged_overlapped and batch.kind == "decode":
-                    counters.num_overlapped_steps += 1  # (_async_views chose the overlapped view)
             delay = max(0.0, end - now)
             now += delay
             owed.append(delay)
@@ -285,13 +293,11 @@ class Replica:
                     if num:
                         pending, finished = (num, run_end, finished), []
                         pending_overlapped = run_times is self._lagged_overlapped
-                        if async_:
+                        if async_:  # the run's requests are the step's (none finished in it)
                             self._deferred_start = run_times.times[num - 1]
                 else:
                     finished = sched.postprocess(batch, [SIM_TOKEN_ID] * batch.num_seqs)
                 self._finish_all(finished)
-            if async_:  # the engine schedules ahead only a batch that leads with the last one's requests
-                self._chain_broken = bool(finished)
             segments += 1
             # a timeline sample when one is due; the ITL's size every 256 steps and runs (binning
             # sooner or later gives the same integer counts)
@@ -313,27 +319,31 @@ class Replica:
 
     def _async_views(self, start: float):
         """Async scheduling, before the segment starting at `start`: hand the scheduler the requests
-        it sees now; return (the latency model of a single step, the decode times of a run from
-        here, None where a run must not start here). The next step is scheduled ahead exactly when
-        the second is `_lagged_overlapped`."""
+        it sees now; return (whether the next step is scheduled ahead if `schedules_ahead` holds for
+        it, the decode times of a run from here or None where a run must not start here). The
+        engine asks `schedule_reads_no_token_values` before it schedules (engine/llm.py `step`)."""
         sched, deferred = self.scheduler, self._deferred_start
         if self.inbox:  # what had arrived when this step's scheduling began
             self._admit(start if deferred is None else deferred)
-        if sched.waiting:  # a request waits: the engine schedules after the step before has ended
-            return self.latency, self._lagged
-        if deferred is None or self._chain_broken:  # the next step pays the host: the step before
-            return self.latency, None  # was not a deferred decode, or some of its requests finished
-        return self.overlapped_latency, self._lagged_overlapped
+        if deferred is None or not sched.schedule_reads_no_token_values():
+            # the step is scheduled after the one before has ended: it pays the host. A run may
+            # follow only where the rest would too (a request waits throughout a run)
+            return False, self._lagged if sched.waiting else None
+        if not follows(self._deferred_seqs, sched.running):  # a run's first step is all of them
+            return True, None  # this step pays the host (see `schedules_ahead`), the rest would not
+        return True, self._lagged_overlapped
 
     def _run_after(self, batch, start: float):
         """Async scheduling: the decode times of a run right after `batch` (which started at
-        `start`), or None where none may follow it in the same call. Notes whether it was deferred."""
-        if batch.kind != "decode":  # a prefill or mixed step runs synchronously
-            self._deferred_start = None
+        `start`), or None where none may follow it in the same call. Notes whether it ran ahead."""
+        if not can_run_ahead(batch):  # a prefill or mixed step runs synchronously
+            self._deferred_start = self._deferred_seqs = None
             return None
-        self._deferred_start = start
+        self._deferred_start, self._deferred_seqs = start, batch.seqs
         if self.inbox and self.inbox[0][0] <= start:  # the next step's scheduler sees them first
             return None
+        # the run's first step: schedule_reads_no_token_values holds unless a request waits (the
+        # run stops before a preemption) and it follows the step (none of whose requests finished)
         return self._lagged if self.scheduler.waiting else self._lagged_overlapped
 
     def _wait(self, delays: list[float], until: float):
@@ -431,7 +441,7 @@ def simulate(
     replicas = [Replica(env, i, config, num_kv_blocks, latency, arrival) for i in range(config.num_replicas)]
     if record_batches:
         for replica in replicas:
-            replica.batch_log = []
+            replica.batch_log, replica.overlap_log = [], []
     router = make_router(config.router, replicas)
     vocab = synthetic_vocab_size(config.model.vocab_size, config.block_size)
 

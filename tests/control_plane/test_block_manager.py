@@ -135,7 +135,9 @@ def test_prefix_caching_off_registers_nothing():
     assert list(bm.free_block_ids) == [0, 1, 2, 3]  # all uncached: each one moved to the front
 
 
-def test_tail_block_is_registered_when_it_fills_during_decode():
+def test_tail_block_filled_by_a_decode_is_registered_by_the_next_step():
+    """A decode's pending token (7 here) may not have reached the host when an engine schedules
+    ahead, so the block it fills is registered by the next step, before that step admits."""
     sched, bm, clock = make_scheduler(block_size=4, num_blocks=8)
     a = sched.add_request([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
     for token in (7, 8):
@@ -143,9 +145,10 @@ def test_tail_block_is_registered_when_it_fills_during_decode():
         sched.postprocess(batch, [token] * batch.num_seqs)
     # step 1 computed [1, 2, 3] and sampled 7; step 2 computed 7, which filled block 0
     assert a.token_ids == [1, 2, 3, 7, 8]
-    assert block_tokens(bm, a.block_table[0]) == (1, 2, 3, 7)
+    assert block_tokens(bm, a.block_table[0]) is None and a.num_cached_blocks == 0
     b = sched.add_request([1, 2, 3, 7, 8], SamplingParams(max_tokens=1, ignore_eos=True))
-    batch = sched.schedule()
+    batch = sched.schedule()  # a opens block 1, registering block 0 first; then b hits it
+    assert block_tokens(bm, a.block_table[0]) == (1, 2, 3, 7)
     assert batch.seqs == (a, b)
     assert batch.num_cached_tokens == (0, 4)
     assert b.block_table[0] == a.block_table[0]

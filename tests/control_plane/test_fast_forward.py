@@ -242,7 +242,8 @@ def test_postprocess_and_fast_forward_runs_the_decodes_after_a_mixed_step():
     assert (a.first_token_time, a.last_token_time, b.finish_time) == (0.5, end, end)
     assert sched.running == [a, c] and b.block_table == []
     assert [len(s.block_table) for s in (a, c)] == [2, 2]  # 8 computed tokens each: 2 full blocks
-    assert a.num_cached_blocks == c.num_cached_blocks == 2
+    # the run's last step filled block 1 of each: registered by the next step (`_register_known`)
+    assert a.num_cached_blocks == c.num_cached_blocks == 1
     assert bm.num_used_blocks == 4
     gaps = itl_counts(sched)
     assert gaps[1.25 - 0.5] == 2  # A and B in the mixed step (C's first token has no gap)
@@ -375,15 +376,18 @@ def test_waiting_request_that_cannot_fit_does_not_stop_it():
 
 
 # ---- a known gap -----------------------------------------------------------------------------------------------
-def test_prefix_hits_that_appear_during_a_run_stop_it():
+@pytest.mark.parametrize("num_output", [6, 9])
+def test_prefix_hits_that_appear_during_a_run_stop_it(num_output):
     # A decodes zeros; B's prompt is A's prompt, five zeros and a 9. Once A has taken its third
     # block, B (4 blocks, 2 of them hits on A's blocks) needs 2 free blocks and finds 1: blocked.
-    # The decode that fills A's third block with [0, 0, 0, 0] registers it, B's third block, so B
-    # needs only 1: stepping admits B in that step, while A runs; fast-forward (which found B blocked
-    # when it started) runs on until A finishes.
+    # A's third block fills with [0, 0, 0, 0], B's third block. With 6 outputs that is A's last
+    # decode, and the block is registered when A finishes; with 9 it is registered by the decode
+    # that opens A's fourth block, which takes the last free block: B, needing 1, still waits.
+    # Either way fast-forward (which found B blocked when it started) must stop where stepping
+    # registers the block, and both admit B with 12 cached tokens once A finishes.
     w = Workload(
         arrivals=[
-            (0.0, [1, 2, 3, 4, 5, 6, 7], 6),
+            (0.0, [1, 2, 3, 4, 5, 6, 7], num_output),
             (0.0025, [1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 9], 2),
         ],
         block_size=4,
@@ -391,7 +395,7 @@ def test_prefix_hits_that_appear_during_a_run_stop_it():
     )
     stepped = drive(w, use_fast_forward=False)
     a, b = stepped.seqs
-    assert b.first_scheduled_time < a.finish_time and b.num_cached_tokens == 12
+    assert b.first_scheduled_time == a.finish_time and b.num_cached_tokens == 12
     forwarded = drive(w, use_fast_forward=True)
     assert forwarded.seqs[1].first_scheduled_time == b.first_scheduled_time
     assert_same_run(stepped, forwarded)

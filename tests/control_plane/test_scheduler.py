@@ -566,7 +566,10 @@ def _decode_to(sched, seq, num_computed: int) -> None:
         sched.postprocess(batch, [7] * batch.num_seqs)
 
 
-def test_schedule_reads_no_token_values_only_where_no_hash_lookup_or_preemption_needs_them():
+def test_schedule_reads_no_token_values_only_where_admission_or_preemption_needs_them():
+    """Filling a block never stops a schedule from running ahead (the block is registered by the
+    next step); a waiting request (admission looks prefixes up) and a block the free list cannot
+    give (preemption) do."""
     from cp_helpers import make_scheduler
 
     sched, bm, _ = make_scheduler(block_size=4, num_blocks=6)
@@ -579,19 +582,23 @@ def test_schedule_reads_no_token_values_only_where_no_hash_lookup_or_preemption_
     for c in range(5, 10):
         _decode_to(sched, a, c)
         steps.append((c, sched.schedule_reads_no_token_values()))
-    # c = 7 fills block 1, a later block of a's lazy chain: hashed only on a lookup; c = 8 opens a block
+    # c = 7 fills block 1 (registered by the step at c = 8, which opens block 2)
     assert steps == [(5, True), (6, True), (7, True), (8, True), (9, True)]
-    assert bm.registers_lazily(a)
+    assert bm.registers_lazily(a) and a.num_cached_blocks == 2
 
     b = sched.add_request([1, 2, 3, 4, 9], params)  # its first block is a's: a hit, then eager
     _decode_to(sched, b, 5)
-    _decode_to(sched, b, 7)  # b's next step fills its block 1, registered by its hash now
-    assert not bm.registers_lazily(b) and not sched.schedule_reads_no_token_values()
+    _decode_to(sched, b, 7)  # b's next step fills its block 1: hashed by the step after it
+    assert not bm.registers_lazily(b) and sched.schedule_reads_no_token_values()
+    _decode_to(sched, b, 8)
+    assert b.num_cached_blocks == 1 and bm.block_token_ids(b.block_table[1]) is None
+    _decode_to(sched, b, 9)  # the step at c = 8 opened b's block 2 and registered block 1
+    assert b.num_cached_blocks == 2 and bm.block_token_ids(b.block_table[1]) == (9, 7, 7, 7)
 
     sched2, _, _ = make_scheduler(block_size=4, num_blocks=6)
     c = sched2.add_request([1, 2], params)
-    _decode_to(sched2, c, 3)  # its next step fills its first block, registered at once
-    assert not sched2.schedule_reads_no_token_values()
+    _decode_to(sched2, c, 3)  # its next step fills its first block: registered by the step after
+    assert sched2.schedule_reads_no_token_values()
 
     sched3, bm3, _ = make_scheduler(block_size=4, num_blocks=2)
     d = sched3.add_request([1, 2, 3, 4, 5, 6, 7], params)

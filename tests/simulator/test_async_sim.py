@@ -80,10 +80,11 @@ def test_a_request_arriving_during_a_decode_waits_one_step_more(qwen06, fast_for
     assert req.loc[1, "first_token_s"] == 6.5  # the mixed step 4.5-6.5 s
     assert req.loc[0, "first_token_s"] == 2.0
     # A: 2 + 1.5 (after the prefill) + 1 (ahead) = 4.5, the mixed step to 6.5, then 1.5 (after a
-    # mixed step) and 1 s steps, one of which finished B (the step after it pays the host again)
+    # mixed step) and 1 s steps. The one to 8 s finished B, the last of the running requests, so
+    # the step after it still follows it (`schedules_ahead`): A's 5 steps left are all ahead
     assert req.loc[1, "finish_s"] == 8.0
-    assert req.loc[0, "finish_s"] == 6.5 + 1.5 + 1.5 + 1.0 * 4
-    assert ahead.summary["sim_overlapped_steps"] == 5
+    assert req.loc[0, "finish_s"] == 6.5 + 1.5 + 1.0 * 5
+    assert ahead.summary["sim_overlapped_steps"] == 6
 
 
 def _equal_runs(a, b):
