@@ -8,15 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import (
-    CacheConfig,
-    ModelSpec,
-    SchedulerConfig,
-    activation_bytes_estimate,
-    check_tp,
-    kv_free_bytes,
-    num_kv_blocks,
-)
+from engine.config import CacheConfig, ModelSpec, SchedulerConfig, check_tp, default_num_kv_blocks
 
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 
@@ -30,7 +22,7 @@ class SimConfig:
     tensor_parallel_size: int = 1
     num_replicas: int = 1
     block_size: int = 16
-    num_kv_blocks: int | None = None  # per replica; None = sized from GPU memory (or the profile)
+    num_kv_blocks: int | None = None  # per replica; None = sized from the GPU's memory
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     max_num_seqs: int = 256
@@ -85,16 +77,26 @@ class SimConfig:
         )
 
 
-def kv_blocks_per_replica(config: SimConfig, gpu_memory_bytes: int) -> int:
-    """KV blocks one replica holds: the explicit count, or what the engine's sizing gives."""
+def kv_blocks_per_replica(config: SimConfig, gpu_memory_bytes: int | None = None) -> int:
+    """KV blocks one replica holds: the explicit count, else what the engine's sizing gives
+    (`engine.config.default_num_kv_blocks`) on the config's GPU: its measured memory where known,
+    else the datasheet's (`GpuSpec.usable_memory_bytes`), or `gpu_memory_bytes` when given."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
+    if gpu_memory_bytes is None:
+        from simulator.latency.gpus import get_gpu
+
+        gpu_memory_bytes = get_gpu(config.gpu).usable_memory_bytes
     tp = config.tensor_parallel_size
-    activations = activation_bytes_estimate(
-        config.model, config.max_num_batched_tokens, config.max_num_seqs, tp
+    blocks = default_num_kv_blocks(
+        config.model,
+        config.block_size,
+        gpu_memory_bytes,
+        tp=tp,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
     )
-    free = kv_free_bytes(gpu_memory_bytes, config.gpu_memory_utilization, config.model, tp, activations)
-    blocks = num_kv_blocks(config.model, free, config.block_size, tp)
     if blocks <= 0:
         raise ValueError(
             f"{config.model.name} does not fit on {config.gpu} at tp={tp}: no memory is left for the KV cache"

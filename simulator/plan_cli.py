@@ -77,12 +77,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
         return 130
     print(report.format())
+    if report.latency_warning:
+        print(report.latency_warning, file=sys.stderr)
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     import traces
-    from simulator.plan import find_plan, format_plan, parse_objectives, plan_options
+    from simulator.plan import find_plan, format_plan, like_with_like, parse_objectives, plan_options
     from simulator.sweep import PointRunner, RunContext
 
     objectives = parse_objectives(args.slo)
@@ -103,7 +105,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "gpu_memory_utilization": args.gpu_memory_utilization,
         **_async_axis(args),
     }
-    ctx = RunContext(trace, args.model, _profile_arg(args.profile), args.slo, trace.name)
+    profile, note = like_with_like(
+        options, _profile_arg(args.profile), args.model, args.async_scheduling, args.mix_latency_models
+    )
+    if note:
+        print(note, file=sys.stderr)
+    ctx = RunContext(trace, args.model, profile, args.slo, trace.name)
     if not args.quiet:
         print(f"planning over {len(options)} options ({len(trace)} requests each run)", file=sys.stderr)
     with PointRunner(ctx, args.workers, args.ray) as runner:
@@ -199,6 +206,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_async_argument(pl)
     pl.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     pl.add_argument("--profile", default="auto", help="fitted profile JSON, 'auto' (shipped) or 'roofline'")
+    pl.add_argument(
+        "--mix-latency-models",
+        action="store_true",
+        help="with --profile auto, simulate each option on the shipped fitted profile where there is one "
+        "and on the roofline elsewhere (warned on stderr). By default a plan compares like with like: "
+        "when only some options have a fitted profile, every option is simulated on the roofline",
+    )
     pl.add_argument("--show-all", action="store_true", help="list every alternative (default: the first 12)")
     pl.add_argument(
         "--exhaustive",

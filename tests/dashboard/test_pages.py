@@ -201,7 +201,7 @@ def test_validation_runs(validation_root, monkeypatch):
 def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
     """On the shipped H200 replays, a run opens with the profile of the engine that served it: the
     `_async` one for an async-scheduling replay (x8 then meets all 7 targets), the synchronous one
-    for the session-10 replays, and the roofline for a run whose run.json names no decode kernel."""
+    for the synchronous replays, and the roofline for a run whose run.json names no decode kernel."""
     from simulator.run import SHIPPED_PROFILE_DIR
 
     runs = SHIPPED_PROFILE_DIR.parent / "data" / "validation"

@@ -38,7 +38,7 @@ def test_choose_num_splits():
 
 
 def test_split_block_splits_large_pages_inside():
-    """Fine splits (the engine since session 13): pages over 64 tokens count as 64-token units, so
+    """Fine splits (the engine's default): pages over 64 tokens count as 64-token units, so
     one row of 384 keys at block 256 takes 6 splits, not 2; small pages are as before."""
     assert [split_block(b) for b in (16, 64, 128, 256, 512)] == [16, 64, 64, 64, 64]
     assert [split_block(b, fine=False) for b in (16, 64, 128, 256, 512)] == [16, 64, 128, 256, 512]

@@ -176,7 +176,7 @@ def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
         "fitted-floored": FittedModel(fitted.decode, fitted.prefill, GMAX, split_kv=split_kv, floors=floors),
         "fitted-eager": fit_step_records(records.assign(graph_batch_size=0), split_kv=split_kv),
         "fitted-no-split": fit_step_records(records, max_num_seqs=GMAX),
-        # balanced splits (the engine since session 10): the longest split changes within a run
+        # balanced splits (the engine's default): the longest split changes within a run
         "fitted-balanced": FittedModel(
             _with_longest_split(fitted.decode), fitted.prefill, GMAX, split_kv=balanced
         ),

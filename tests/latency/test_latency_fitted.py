@@ -219,7 +219,7 @@ def test_balanced_longest_split_exact_values() -> None:
 
 
 def test_split_tokens_count_units_inside_large_pages() -> None:
-    """A block-256 engine that splits pages inside (split_tokens 64, since session 13): one row of 384
+    """A block-256 engine that splits pages inside (split_tokens 64, the default): one row of 384
     keys takes 6 splits, as a block-64 model says; a profile without split_tokens (whole pages, the
     engine before) keeps 2, and its dict is as before."""
     fine = SplitKV(8, 132, 256, balanced=True, split_tokens=64)

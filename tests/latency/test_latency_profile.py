@@ -258,8 +258,8 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("stem", ["qwen3-0.6b_h200_tp1_bs256", "qwen3-8b_h200_tp1_bs16"])
-def test_the_session_12_async_profiles_refit_and_are_picked(tmp_path, stem) -> None:
-    """Block 256 and Qwen3-8B, calibrated with async scheduling in session 12: each refits bit for
+def test_the_block_256_and_8b_async_profiles_refit_and_are_picked(tmp_path, stem) -> None:
+    """Block 256 and Qwen3-8B, calibrated with async scheduling on 2026-11-30: each refits bit for
     bit from its shipped records, sync terms included, and is the one `default_profile` picks for
     async scheduling."""
     from simulator.cli import default_profile, main
