@@ -243,7 +243,7 @@ class ConfigSpec:
 
 DEFAULT_CONFIGS = (
     ConfigSpec("A: default"),
-    ConfigSpec("B: block 32", block_size=32),
+    ConfigSpec("B: block 256", block_size=256),  # shipped profiles exist at blocks 16 and 256
     ConfigSpec("C: small batch", max_num_seqs=64, max_num_batched_tokens=4096),
     ConfigSpec("D: 2 replicas", num_replicas=2),
 )
@@ -411,11 +411,18 @@ def summary_table(results: Mapping[str, SimResult], slo: SLO | None = None) -> p
                 "block": c.block_size,
                 "max seqs": c.max_num_seqs,
                 "max batched tokens": c.max_num_batched_tokens,
-                "latency model": "fitted" if s.get("profile") else "roofline",
+                "KV blocks/replica": s.get("num_kv_blocks_per_replica"),
+                "latency model": plan.row_latency(s),
             }
         )
         rows.append(row)
     return pd.DataFrame(rows).set_index("config") if rows else pd.DataFrame()
+
+
+def mixed_latency_warning(results: Mapping[str, SimResult]) -> str | None:
+    """A banner when the compared results come from different kinds of latency model (fitted and
+    roofline): part of their difference then comes from the models (None when they share one)."""
+    return plan.mixed_latency_warning([r.summary for r in results.values()])
 
 
 def best_config(table: pd.DataFrame, objective: str) -> str | None:
@@ -606,11 +613,17 @@ def plan_points(rows: Sequence[Mapping[str, Any]], objectives: Sequence[Any]) ->
     df["meets_slo"] = [not f for f in failed]
     df["failed"] = [plan.describe_violations(f) for f in failed]
     df["num_gpus"] = df["tp"] * df["replicas"]
+    df["latency model"] = [plan.row_latency(r) for r in ok_rows]
     df["label"] = [
         f"{r.replicas} x {r.gpu} TP{r.tp} (block {r.block_size}, seqs {r.max_num_seqs})"
         for r in df.itertuples(index=False)
     ]
     return df.drop_duplicates("label").reset_index(drop=True)
+
+
+def plan_latency_warning(result: Any) -> str | None:
+    """A banner when a PlanResult's candidates were simulated on different kinds of latency model."""
+    return plan.mixed_latency_warning([c.row for c in result.candidates])
 
 
 def plan_candidates(result: Any) -> pd.DataFrame:
@@ -634,6 +647,7 @@ def plan_candidates(result: Any) -> pd.DataFrame:
                 "TTFT p99 (s)": row.get("ttft_p99_s"),
                 "TPOT p99 (ms)": row["tpot_p99_s"] * 1e3 if row.get("tpot_p99_s") is not None else None,
                 "E2E p99 (s)": row.get("e2e_p99_s"),
+                "latency model": plan.row_latency(row) if c.row else None,
                 "why": c.reason,
             }
         )

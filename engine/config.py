@@ -14,6 +14,7 @@ from typing import Any
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 POLICIES = ("chunked", "prefill_first")
+GRAPH_MEMORY_RESERVE = 512 << 20  # bytes the engine keeps back for its decode CUDA graphs' pool
 
 
 def cdiv(a: int, b: int) -> int:
@@ -213,6 +214,53 @@ def kv_free_bytes(
         raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {gpu_memory_utilization}")
     usable = int(gpu_memory_bytes * gpu_memory_utilization)
     return max(0, usable - param_bytes(model, tp) - activation_bytes)
+
+
+def kv_cache_bytes(
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    weight_bytes: int,
+    activation_bytes: int,
+    *,
+    other_bytes: int = 0,
+    cuda_graphs: bool = True,
+    prefill_graphs: bool = True,
+) -> int:
+    """Bytes one GPU gives its KV cache, as the engine sizes it (`ModelRunner.profile_num_blocks`).
+
+    The usable share of the GPU's memory, less what torch holds before the cache (`weight_bytes`:
+    the weights and fixed buffers), memory outside torch's allocator (`other_bytes`: CUDA context,
+    libraries), one forward's activation peak, the decode graphs' pool (`GRAPH_MEMORY_RESERVE`,
+    unless eager) and, with piecewise prefill graphs, a second activation peak (their pool). The
+    engine passes what it measured after its warm-up; a plan passes modelled values
+    (`default_num_kv_blocks`).
+    """
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {gpu_memory_utilization}")
+    budget = gpu_memory_bytes * gpu_memory_utilization - other_bytes - weight_bytes - activation_bytes
+    if cuda_graphs:
+        budget -= GRAPH_MEMORY_RESERVE
+    if cuda_graphs and prefill_graphs:
+        budget -= activation_bytes
+    return max(0, int(budget))
+
+
+def default_num_kv_blocks(
+    model: ModelSpec,
+    block_size: int,
+    gpu_memory_bytes: int,
+    *,
+    tp: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    max_num_batched_tokens: int = 16384,
+    max_num_seqs: int = 256,
+) -> int:
+    """KV blocks per GPU when none are asked for: `kv_cache_bytes` of the engine's default settings
+    (CUDA graphs, piecewise prefill graphs) on a GPU of `gpu_memory_bytes`, with the weights'
+    bytes on one rank and the activation estimate in place of the engine's measurements."""
+    activations = activation_bytes_estimate(model, max_num_batched_tokens, max_num_seqs, tp)
+    free = kv_cache_bytes(gpu_memory_bytes, gpu_memory_utilization, param_bytes(model, tp), activations)
+    return num_kv_blocks(model, free, block_size, tp)
 
 
 def num_kv_blocks(model: ModelSpec, free_bytes: int, block_size: int, tp: int = 1) -> int:

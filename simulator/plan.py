@@ -147,6 +147,98 @@ def format_usd(x: float) -> str:
     return "inf" if math.isinf(x) else f"${x:,.2f}"
 
 
+# ---- latency provenance ----------------------------------------------------------------------------------
+
+
+def row_latency(row: Mapping[str, Any] | None) -> str:
+    """The latency model behind a result row: 'fitted <profile file>' or 'roofline' ('?' unknown)."""
+    from simulator.run import latency_label
+
+    row = row or {}
+    profile = row.get("profile")
+    return latency_label(_latency_kind(row), profile if isinstance(profile, str) else None)
+
+
+def _latency_kind(row: Mapping[str, Any] | None) -> str | None:
+    """A row's `latency_model`, None where it has none (an error row; NaN once read from Parquet)."""
+    kind = (row or {}).get("latency_model")
+    return kind if isinstance(kind, str) and kind else None
+
+
+def describe_latency(rows: Sequence[Mapping[str, Any] | None]) -> str:
+    """The latency models behind `rows`, most used first: 'fitted a.json (3 rows), roofline (2 rows)'."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if _latency_kind(row):
+            label = row_latency(row)
+            counts[label] = counts.get(label, 0) + 1
+    if not counts:
+        return "none simulated"
+    if len(counts) == 1:
+        return next(iter(counts))
+    order = sorted(counts.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{label} ({n} rows)" for label, n in order)
+
+
+def mixed_latency_warning(rows: Sequence[Mapping[str, Any] | None]) -> str | None:
+    """A warning when `rows` come from different kinds of latency model (fitted and roofline), whose
+    differences then come partly from the models; None when they share one kind."""
+    kinds = {_latency_kind(row) for row in rows} - {None}
+    if len(kinds) <= 1:
+        return None
+    return (
+        f"warning: these results come from different latency models ({describe_latency(rows)}); "
+        "part of their differences comes from the models, not the configurations"
+    )
+
+
+def option_latency(
+    options: Sequence[Option], profile: str, model: str, async_scheduling: bool = False
+) -> dict[Option, str]:
+    """The latency model each option would be simulated with, before any run: 'fitted <file>' where
+    `profile` ('auto', 'roofline' or a file) gives a profile for its GPU, TP and block size, else
+    'roofline'."""
+    from simulator.run import latency_label
+    from simulator.sweep import profile_for
+
+    out: dict[Option, str] = {}
+    for opt in options:
+        path = profile_for(profile, model, opt.gpu, opt.block_size, opt.tp, async_scheduling)
+        out[opt] = latency_label("fitted", path.name) if path is not None else "roofline"
+    return out
+
+
+def like_with_like(
+    options: Sequence[Option],
+    profile: str,
+    model: str,
+    async_scheduling: bool = False,
+    mix: bool = False,
+) -> tuple[str, str | None]:
+    """The profile choice a plan over `options` runs with, and a line to show (None: nothing to say).
+
+    When some options would be fitted and others roofline, the plan compares like with like: every
+    option on the roofline (the one kind that covers them all), and the line says which options lost
+    their fitted profile. With `mix`, each option keeps its own model and the line warns of the mix.
+    """
+    labels = option_latency(options, profile, model, async_scheduling)
+    fitted = [opt for opt, label in labels.items() if label != "roofline"]
+    if not fitted or len(fitted) == len(labels):
+        return profile, None
+    names = "; ".join(f"{opt} ({labels[opt]})" for opt in fitted[:4])
+    names += f"; and {len(fitted) - 4} more" if len(fitted) > 4 else ""
+    if mix:
+        return profile, (
+            f"warning: {len(fitted)} of {len(labels)} options are simulated on fitted profiles and the "
+            f"others on the roofline ({names}); part of their differences comes from the models"
+        )
+    return "roofline", (
+        f"note: only {len(fitted)} of {len(labels)} options have a fitted profile ({names}); every "
+        "option is simulated on the roofline to compare like with like (--mix-latency-models keeps "
+        "the fitted profiles where there are any)"
+    )
+
+
 # ---- plan: cheapest configuration meeting the SLOs at a rate -------------------------------------------------
 
 
@@ -424,10 +516,12 @@ def format_plan(
     objs = ", ".join(str(o) for o in result.objectives)
     what = " ".join(x for x in (model, "serving", trace_label) if x)
     lines = [f"Plan: {what} at {result.rate:.3g} req/s; SLO {objs}; at most {result.max_gpus} GPUs"]
+    lines.append(f"Latency: {describe_latency([c.row for c in result.candidates if c.row])}")
     best = result.best
     if best is not None:
         lines.append(
             f"Best: {best.replicas} x ({best.option}) = {best.num_gpus} GPUs, {format_usd(best.cost_per_hour)}/h"
+            f" [{row_latency(best.row)}]"
         )
         lines.append("  " + _metrics_line(best, result.objectives))
     else:
@@ -435,7 +529,8 @@ def format_plan(
         if result.closest is not None:
             c = result.closest
             lines.append(
-                f"  closest: {c.replicas} x ({c.option}), {format_usd(c.cost_per_hour)}/h: {describe_violations(c.failed)}"
+                f"  closest: {c.replicas} x ({c.option}), {format_usd(c.cost_per_hour)}/h "
+                f"[{row_latency(c.row)}]: {describe_violations(c.failed)}"
             )
     rest = [c for c in result.candidates if c is not best]
     shown = rest if max_alternatives is None else rest[:max_alternatives]
@@ -444,7 +539,8 @@ def format_plan(
         for c in shown:
             size = f"{c.replicas} x " if c.replicas else ""
             cost = f" {format_usd(c.cost_per_hour)}/h" if c.cost_per_hour is not None else ""
-            lines.append(f"  [{c.status}] {size}({c.option}){cost}: {c.reason}")
+            latency = f" [{row_latency(c.row)}]" if c.row else ""
+            lines.append(f"  [{c.status}] {size}({c.option}){cost}{latency}: {c.reason}")
         if len(shown) < len(rest):
             lines.append(f"  ... and {len(rest) - len(shown)} more")
     lines.append(f"({result.num_simulations} simulations)")
@@ -607,6 +703,7 @@ def format_capacity(result: CapacityResult, what: str = "") -> str:
     objs = ", ".join(str(o) for o in result.objectives)
     s = result.search
     lines = [f"Capacity{' of ' + what if what else ''} under {objs}"]
+    lines.append(f"  latency: {describe_latency([r for r in (result.row, result.fail_row) if r])}")
     lines.append(f"  trace native rate {result.base_rate:.3g} req/s; {len(s.evaluations)} simulations")
     if s.lo is None:
         fail = violations(result.fail_row or {}, result.objectives) if result.fail_row else []

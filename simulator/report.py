@@ -16,17 +16,37 @@ def _ms(value: float | None) -> str:
     return f"{value * 1000:,.1f}"
 
 
+def _kv_blocks(s: dict) -> str:
+    """'72,146 KV blocks/replica (GPU memory)': the count and where it came from."""
+    blocks = s.get("num_kv_blocks_per_replica")
+    text = f"{blocks:,} KV blocks/replica" if isinstance(blocks, int) else "? KV blocks/replica"
+    source = {"gpu_memory": "GPU memory", "config": "--num-kv-blocks"}.get(s.get("kv_blocks_source") or "")
+    return f"{text} ({source})" if source else text
+
+
+def _latency(s: dict) -> str:
+    """The latency model and profile behind the numbers, and the profile's own calibration cache."""
+    kind = s.get("latency_model") or "?"
+    if not s.get("profile"):
+        return kind
+    text = f"{kind} profile {s['profile']}"
+    calibrated = s.get("profile_num_kv_blocks")
+    if calibrated:
+        text += f" (calibrated on a cache of {calibrated:,} KV blocks)"
+    return text
+
+
 def format_summary(s: dict) -> str:
     cfg = s.get("config", {})
     lines = [
         f"trace {s.get('trace') or '?'}: {s['num_requests']:,} requests, {s['duration_s']:,.1f} s simulated "
         f"in {s.get('sim_wall_s', float('nan')):.2f} s wall ({s.get('sim_speedup', float('nan')):,.0f}x real time)",
         f"config: {cfg.get('model')} on {cfg.get('num_replicas')} x {cfg.get('gpu')} (tp={cfg.get('tensor_parallel_size')}), "
-        f"block {cfg.get('block_size')}, {s.get('num_kv_blocks_per_replica', '?'):,} KV blocks/replica, "
+        f"block {cfg.get('block_size')}, {_kv_blocks(s)}, "
         f"max_num_seqs {cfg.get('max_num_seqs')}, max_num_batched_tokens {cfg.get('max_num_batched_tokens')}, "
-        f"{cfg.get('policy')}, router {cfg.get('router')}, "
-        + ("async scheduling, " if cfg.get("async_scheduling") else "")
-        + f"latency {s.get('latency_model')}",
+        f"{cfg.get('policy')}, router {cfg.get('router')}"
+        + (", async scheduling" if cfg.get("async_scheduling") else ""),
+        f"latency: {_latency(s)}",
         "",
         f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
     ]

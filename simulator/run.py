@@ -1,7 +1,8 @@
 """One simulation from a trace and a configuration to tables, a summary and files on disk.
 
 `run_simulation` picks the latency model (a fitted profile, else the roofline), sizes the KV cache
-with the engine's pure functions, runs `simulator.sim.simulate`, and returns a `SimResult`.
+from the GPU's memory with the engine's pure functions (a profile's calibration cache is recorded,
+never used as the size), runs `simulator.sim.simulate`, and returns a `SimResult`.
 """
 
 from __future__ import annotations
@@ -136,13 +137,45 @@ def simulate_config(
     get_gpu(config.gpu)  # an unknown GPU fails here, whatever else is given
     if latency is None:
         latency = load_latency(config, profile)
-    num_blocks = kv_blocks_for(config, latency)
+    num_blocks = kv_blocks_for(config)
     with relaxed_gc():
         run = simulate(trace, config, latency, num_blocks, progress=progress, prompts=prompts)
-    run.extra["latency_model"] = type(latency).__name__
-    run.extra["profile"] = str(profile) if profile else None
+    run.extra.update(latency_provenance(latency, profile))
+    run.extra["kv_blocks_source"] = "config" if config.num_kv_blocks is not None else "gpu_memory"
     run.latency = latency
     return run
+
+
+def latency_kind(latency: LatencyModel) -> str:
+    """'fitted' or 'roofline' (another model: its class name)."""
+    from simulator.latency.fitted import FittedModel
+    from simulator.latency.roofline import RooflineModel
+
+    if isinstance(latency, FittedModel):
+        return "fitted"
+    if isinstance(latency, RooflineModel):
+        return "roofline"
+    return type(latency).__name__
+
+
+def latency_provenance(latency: LatencyModel, profile: str | Path | None = None) -> dict:
+    """The summary entries naming the latency model behind a run: `latency_model` (its kind),
+    `profile` (the fitted profile's file name, None for the roofline), `profile_path`, and the
+    calibration's own KV cache (`profile_num_kv_blocks`: a fact of the profile, not the run's)."""
+    prof = getattr(latency, "profile", None)
+    calibrated = getattr(prof, "calibration_num_kv_blocks", None)
+    return {
+        "latency_model": latency_kind(latency),
+        "profile": Path(profile).name if profile else None,
+        "profile_path": str(profile) if profile else None,
+        "profile_num_kv_blocks": calibrated,
+    }
+
+
+def latency_label(latency_model: str | None, profile: str | None = None) -> str:
+    """How a table names the latency model of a row: 'fitted qwen3-0.6b_h200_tp1_bs16.json', 'roofline'."""
+    kind = latency_model or "?"
+    return f"{kind} {Path(profile).name}" if profile else kind
 
 
 def load_latency(config: SimConfig, profile: str | Path | None = None) -> LatencyModel:
@@ -151,12 +184,7 @@ def load_latency(config: SimConfig, profile: str | Path | None = None) -> Latenc
     return load_latency_model(profile, config.model, gpu, config.tensor_parallel_size, config.block_size)
 
 
-def kv_blocks_for(config: SimConfig, latency: LatencyModel) -> int:
-    """KV blocks per replica: the config's own count, else its profile's (recorded at the same block
-    size), else what the engine's sizing gives on the config's GPU."""
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    prof = getattr(latency, "profile", None)
-    if prof is not None and prof.num_kv_blocks and prof.block_size == config.block_size:
-        return prof.num_kv_blocks
-    return kv_blocks_per_replica(config, get_gpu(config.gpu).memory_bytes)
+def kv_blocks_for(config: SimConfig) -> int:
+    """KV blocks per replica: the config's own count, else what the engine's sizing gives on the
+    config's GPU. A profile's cache is a condition of its calibration and never the default."""
+    return kv_blocks_per_replica(config)

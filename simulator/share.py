@@ -73,4 +73,6 @@ def derive(run: SimRun, config: SimConfig, num_kv_blocks: int, slo: SLO | None =
     """The SimResult of `config` from a run that `shares_run` says it shares."""
     from simulator.run import collect
 
-    return collect(dataclasses.replace(run, config=config, num_kv_blocks=num_kv_blocks), slo)
+    source = "config" if config.num_kv_blocks is not None else "gpu_memory"
+    extra = {**run.extra, "kv_blocks_source": source}
+    return collect(dataclasses.replace(run, config=config, num_kv_blocks=num_kv_blocks, extra=extra), slo)

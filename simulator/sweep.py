@@ -34,21 +34,24 @@ from simulator.plan import (
     cost_per_hour,
     cost_per_million_tokens,
     describe_violations,
+    mixed_latency_warning,
     parse_objectives,
     violations,
 )
 from simulator.run import collect, kv_blocks_for, simulate_config
 from simulator.sim import trace_prompts
 
-KEY_VERSION = 1
+# 2: a point's default KV cache is sized from its GPU's memory, never from a profile's calibration
+# cache, so rows of version 1 are not results of the same point.
+KEY_VERSION = 2
 # Prompts a process keeps for the points it runs (`PromptCache`): tokens of the small synthetic
 # vocabulary only (shared int objects, 8 bytes a token), up to this many (256 MB).
 PROMPT_CACHE_MAX_TOKENS = 32_000_000
 PROFILE_CHOICES = ("auto", "roofline")
 # Error types that a re-run would give again (a bad configuration); other failures are retried on resume.
 DETERMINISTIC_ERRORS = frozenset({"ValueError", "TraceError", "FileNotFoundError"})
-# Summary entries that are not per-run metrics (the row has its own trace/profile columns).
-_SUMMARY_SKIP = frozenset({"config", "trace", "profile"})
+# Summary entries that are not per-run metrics (the row has its own trace column).
+_SUMMARY_SKIP = frozenset({"config", "trace"})
 
 # Grid axes: spec name -> SimConfig field. Defaults are SimConfig's own.
 AXES: dict[str, str] = {
@@ -488,7 +491,7 @@ def _row_start(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "trace": ctx.trace_label,
         "model": ctx.model,
-        "profile": ctx.profile,
+        "profile_choice": ctx.profile,
         "slo": ctx.slo,
     }
     row.update(point)
@@ -498,7 +501,9 @@ def _row_start(ctx: RunContext, point: Mapping[str, Any]) -> dict[str, Any]:
 def _fill_row(
     row: dict[str, Any], ctx: RunContext, config: SimConfig, profile: Path | None, summary: dict
 ) -> None:
-    """A point's metrics, profile, cost and SLO verdict from its simulation's summary."""
+    """A point's metrics, cost and SLO verdict from its simulation's summary, with the latency model
+    behind them: `latency_model` (fitted or roofline) and `profile` (the fitted profile's file name,
+    None for the roofline)."""
     row.update({k: v for k, v in summary.items() if k not in _SUMMARY_SKIP and _is_scalar(v)})
     row["profile_used"] = str(profile) if profile is not None else "roofline"
     row["cost_per_hour_usd"] = cost_per_hour(config.gpu, config.num_gpus)
@@ -531,7 +536,7 @@ def _shared_rows(
             continue
         try:
             config = point_config(ctx.model, other)
-            num_blocks = kv_blocks_for(config, run.latency)
+            num_blocks = kv_blocks_for(config)
         except Exception:  # run alone, it records its error
             rows.append(None)
             continue
@@ -792,6 +797,8 @@ class SweepReport:
     num_errors: int
     wall_s: float
     errors: list[str] = field(default_factory=list)  # first few error messages of this run
+    # set when the spec's rows come from different kinds of latency model (plan.mixed_latency_warning)
+    latency_warning: str | None = None
 
     def format(self) -> str:
         lines = [
@@ -859,6 +866,7 @@ def run_sweep(
     todo = [i for i, k in enumerate(keys) if not (k in existing and _is_done(existing[k]))]
     report = SweepReport(out, len(points), len(points) - len(todo), 0, 0, 0.0)
     if not todo:
+        report.latency_warning = mixed_latency_warning([existing[k] for k in keys if k in existing])
         report.wall_s = time.perf_counter() - t0
         return report
     order = {k: i for i, k in enumerate(keys)}
@@ -893,5 +901,6 @@ def run_sweep(
         bar.close()
         if dirty:
             flush()
+    report.latency_warning = mixed_latency_warning([rows[k] for k in keys if k in rows])
     report.wall_s = time.perf_counter() - t0
     return report

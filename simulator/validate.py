@@ -179,7 +179,7 @@ def validate_run(
     latency = load_latency_model(
         profile, config.model, config.gpu, config.tensor_parallel_size, config.block_size
     )
-    sim = run_simulation(trace, config, latency=latency)
+    sim = run_simulation(trace, config, profile=profile, latency=latency)  # profile: named in its summary
     real_summary = summarize(real)
     table = compare(real_summary, sim.summary)
     if repeat is not None:
@@ -218,9 +218,13 @@ def add_repeat(table: pd.DataFrame, real: dict, repeat: dict) -> pd.DataFrame:
 
 
 def format_table(v: Validation) -> str:
+    from simulator.run import latency_label
+
     repeat = "repeat_error" in v.table.columns
+    s = v.sim.summary
+    lines = [f"latency: {latency_label(s.get('latency_model'), s.get('profile'))}"]
     head = f"{'metric':<16}{'real':>12}{'sim':>12}{'error':>9}{'target':>8}  ok"
-    lines = [head + (f"  {'repeat':>10}{'real vs real':>14}" if repeat else "")]
+    lines.append(head + (f"  {'repeat':>10}{'real vs real':>14}" if repeat else ""))
     for r in v.table.itertuples(index=False):
         target = f"{r.target:.0%}" if pd.notna(r.target) else "-"
         ok = "-" if r.ok is None or pd.isna(r.ok) else ("yes" if r.ok else "NO")

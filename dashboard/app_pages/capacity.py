@@ -14,6 +14,7 @@ import streamlit as st
 
 from dashboard import figures, logic, state
 from simulator.models import preset_names
+from simulator.plan import row_latency
 from traces import Trace
 
 TPS = [1, 2, 4, 8]
@@ -171,13 +172,20 @@ st.caption(
     f"(window {window:g} s of {full_trace.name} at {rate:g} req/s) in {time.perf_counter() - t0:.1f} s; cached."
 )
 
+mixed = logic.plan_latency_warning(result)
+if mixed:
+    st.warning(
+        "The candidates were simulated on different latency models (a fitted profile for some, the "
+        "roofline for others: see the latency model column), so the ranking partly compares the models. "
+        "Pick the roofline for all, or GPUs, TP degrees and block sizes with a shipped profile each."
+    )
 best = result.best
 if best is not None:
     row = best.row or {}
     st.success(
         f"**Recommended: {best.replicas} x {best.option.gpu} at TP {best.option.tp}** "
         f"({best.num_gpus} GPUs, block {best.option.block_size}, max_num_seqs {best.option.max_num_seqs}, "
-        f"max_num_batched_tokens {best.option.max_num_batched_tokens})"
+        f"max_num_batched_tokens {best.option.max_num_batched_tokens}; latency {row_latency(row)})"
     )
     m = st.columns(5)
     m[0].metric("Cost per hour", f"${best.cost_per_hour:,.2f}")
@@ -221,8 +229,9 @@ if not points.empty:
         rec = int(match.index[0]) if len(match) else None
     st.plotly_chart(figures.pareto_figure(points, column, metric, rec), key="cap_pareto")
     with st.expander(f"All {len(points)} simulated points"):
-        cols = ["label", "meets_slo", "cost_per_hour_usd", "cost_per_million_output_tokens_usd"]
-        cols += ["ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "output_tok_s", "num_preemptions", "failed"]
+        cols = ["label", "latency model", "meets_slo", "cost_per_hour_usd"]
+        cols += ["cost_per_million_output_tokens_usd", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s"]
+        cols += ["output_tok_s", "num_preemptions", "failed"]
         st.dataframe(pd.DataFrame(points[[c for c in cols if c in points]]), hide_index=True)
 else:
     st.warning("No configuration could be simulated: see the candidates' reasons above.")

@@ -104,7 +104,12 @@ if profile is not None:
     m[1].metric("Target", profile.target or "?")
     m[2].metric("Backend", profile.attention_backend or "?")
     m[3].metric("Largest decode graph", profile.max_graph_batch_size)
-    st.caption(f"engine {profile.engine_version or '?'}, created {profile.created or '?'}")
+    cache = profile.calibration_num_kv_blocks
+    st.caption(
+        f"engine {profile.engine_version or '?'}, created {profile.created or '?'}; "
+        + (f"calibrated on a cache of {cache:,} KV blocks" if cache else "calibration cache not recorded")
+        + " (a condition of the calibration: simulations size their cache from the GPU's memory)"
+    )
 fits = profile if profile is not None else (model if hasattr(model, "decode") else None)
 if fits is not None:
     c1, c2 = st.columns(2)

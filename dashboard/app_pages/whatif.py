@@ -200,13 +200,15 @@ if best:
     st.success(f"Best by {objective}: **{best}**")
 else:
     st.warning(f"No configuration has a value for {objective}.")
-st.dataframe(styled(table, best), key="wi_table")
-if table["latency model"].nunique() > 1:
+mixed = logic.mixed_latency_warning(results)
+if mixed:
     st.warning(
         "These configurations use different latency models (a fitted profile for some, the roofline for "
-        "others), so part of their difference comes from the models. Pick one latency model to compare like "
-        "with like."
+        "others: see the latency model column), so part of their difference comes from the models. Pick "
+        "one latency model, or configurations with a shipped profile each (blocks 16 and 256 on the H200), "
+        "to compare like with like."
     )
+st.dataframe(styled(table, best), key="wi_table")
 
 colors = figures.color_map(list(results))
 # One view at a time: drawing every chart at once makes the page slower to render than to simulate.

@@ -58,7 +58,7 @@ class LatencyProfile:
     dtype: str
     attention_backend: str
     engine_version: str
-    num_kv_blocks: int | None  # KV blocks the engine measured room for
+    num_kv_blocks: int | None  # KV blocks of the calibration's cache (a fact of the sweep, not a default)
     max_num_seqs: int
     max_num_batched_tokens: int
     max_graph_batch_size: int  # largest decode CUDA graph (0 = eager)
@@ -74,6 +74,16 @@ class LatencyProfile:
     @property
     def model_name(self) -> str:
         return str(self.model.get("name", "?"))
+
+    @property
+    def calibration_num_kv_blocks(self) -> int | None:
+        """KV blocks of the cache the step records were measured with: `num_kv_blocks`, or the
+        `extra` entry of profiles that leave it unset. A condition of the calibration: simulations
+        size their cache from the GPU's memory (simulator.config.kv_blocks_per_replica)."""
+        if self.num_kv_blocks:
+            return int(self.num_kv_blocks)
+        recorded = self.extra.get("calibration_num_kv_blocks")
+        return int(recorded) if recorded else None
 
     def model_spec(self) -> ModelSpec:
         return ModelSpec(**self.model)

@@ -319,3 +319,18 @@ def test_check_tp(qwen3, llama3):
     odd = ModelSpec("odd", "LlamaForCausalLM", 2, 12, 4, 64, 768, 2048, 1000)
     with pytest.raises(ValueError, match=r"^tensor_parallel_size: 6 and num_kv_heads 4"):
         check_tp(odd, 6)
+
+
+def test_kv_cache_bytes_is_the_engines_budget():
+    from engine.config import GRAPH_MEMORY_RESERVE, kv_cache_bytes
+
+    gpu, weights, act = 10**10, 10**9, 10**8
+    # 0.5 x 1e10 - 1e9 weights - 1e8 activations - 536_870_912 graph pool - 1e8 prefill graphs' pool
+    assert kv_cache_bytes(gpu, 0.5, weights, act) == 3_263_129_088
+    assert kv_cache_bytes(gpu, 0.5, weights, act, other_bytes=10**7) == 3_253_129_088
+    assert kv_cache_bytes(gpu, 0.5, weights, act, prefill_graphs=False) == 3_363_129_088
+    assert kv_cache_bytes(gpu, 0.5, weights, act, cuda_graphs=False) == 3_900_000_000  # eager: neither pool
+    assert GRAPH_MEMORY_RESERVE == 536_870_912
+    assert kv_cache_bytes(100, 0.9, 10, 5) == 0  # nothing left: clamped at zero
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        kv_cache_bytes(gpu, 1.5, weights, act)

@@ -72,7 +72,7 @@ def test_whatif_compares_and_updates():
     at = app_on("whatif", wi_window=30.0)
     no_exceptions(at)
     table = frame(at, "TTFT p99 (ms)")
-    assert list(table.index) == ["A: default", "B: block 32", "C: small batch", "D: 2 replicas"]
+    assert list(table.index) == ["A: default", "B: block 256", "C: small batch", "D: 2 replicas"]
     assert table.loc["D: 2 replicas", "GPUs"] == 2
     assert any("Best by lowest p99 TTFT" in t for t in texts(at.success))
     first = charts(at)

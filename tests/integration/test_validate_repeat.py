@@ -35,7 +35,8 @@ def test_repeat_columns(repeat):
         assert table.loc[metric, "repeat_error"] == pytest.approx(0.01 / real, rel=1e-6)
     assert table.loc["tpot_mean_s", "repeat_error"] == pytest.approx(0.0, abs=1e-9)
     assert list(v.table.columns[:6]) == ["metric", "real", "sim", "rel_error", "target", "ok"]
-    header = format_table(v).splitlines()[0]
+    latency, header = format_table(v).splitlines()[:2]
+    assert latency == "latency: roofline"  # validate_run(RUN, None, ...): no profile
     assert header.endswith("repeat  real vs real")
 
 
@@ -54,8 +55,10 @@ def test_repeat_must_share_configuration_and_trace(repeat, tmp_path):
 
 
 def test_cli_validate_with_repeat(repeat, tmp_path, capsys):
-    assert main(["validate", "--real", str(RUN), "--repeat", str(repeat), "--out", str(tmp_path / "v")]) == 0
+    argv = ["validate", "--real", str(RUN), "--repeat", str(repeat), "--out", str(tmp_path / "v")]
+    assert main([*argv, "--no-fail"]) == 0
     out = capsys.readouterr().out
-    assert "real vs real" in out.splitlines()[0]
+    assert out.splitlines()[0] == "latency: roofline"
+    assert "real vs real" in out.splitlines()[1]
     saved = json.loads((tmp_path / "v" / "validation.json").read_text())
     assert {"repeat", "repeat_error"} <= set(saved["metrics"][0])

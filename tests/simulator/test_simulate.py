@@ -106,18 +106,6 @@ def test_model_too_big_for_the_gpu_is_a_clear_error():
         _run(traces.generate(num_requests=3, seed=0), cfg)
 
 
-def test_kv_capacity_follows_the_engine_sizing_function(qwen06):
-    from engine.config import activation_bytes_estimate, kv_free_bytes, num_kv_blocks
-    from simulator.config import kv_blocks_per_replica
-    from simulator.latency.gpus import get_gpu
-
-    cfg = SimConfig(model=qwen06, tensor_parallel_size=2, block_size=32)
-    gpu = get_gpu("H200")
-    act = activation_bytes_estimate(qwen06, cfg.max_num_batched_tokens, cfg.max_num_seqs, 2)
-    expected = num_kv_blocks(qwen06, kv_free_bytes(gpu.memory_bytes, 0.9, qwen06, 2, act), 32, 2)
-    assert kv_blocks_per_replica(cfg, gpu.memory_bytes) == expected > 0
-
-
 def test_reset_prefix_cache_forgets_every_prefix():
     from engine.block_manager import BlockManager
     from engine.sequence import SamplingParams, Sequence
