@@ -12,7 +12,9 @@ def shipped_stats():
     return {n: traces.trace_stats(traces.load_shipped(n)) for n in traces.shipped_names()}
 
 
-def test_azure_code(shipped_stats):
+def test_pinned_azure_code_stats(shipped_stats):
+    """Pinned to the shipped trace file (figures in traces/data/README.md): detects change in it or in
+    trace_stats, not correctness."""
     s = shipped_stats["azure_code_2023"]
     assert s.rows == 8819
     assert round(s.duration_s, 1) == 3435.9
@@ -41,7 +43,9 @@ def test_azure_code(shipped_stats):
     assert s.prefix is None and "n/a" in s.format()
 
 
-def test_azure_conv(shipped_stats):
+def test_pinned_azure_conv_stats(shipped_stats):
+    """Pinned to the shipped trace file (figures in traces/data/README.md): detects change in it or in
+    trace_stats, not correctness."""
     s = shipped_stats["azure_conv_2023"]
     assert s.rows == 19366
     assert round(s.duration_s, 1) == 3501.7
@@ -69,7 +73,9 @@ def test_azure_conv(shipped_stats):
     )
 
 
-def test_mooncake(shipped_stats):
+def test_pinned_mooncake_synthetic_stats(shipped_stats):
+    """Pinned to the shipped trace file (figures in traces/data/README.md): detects change in it or in
+    trace_stats, not correctness."""
     s = shipped_stats["mooncake_synthetic"]
     assert s.rows == 3993
     assert s.duration_s == pytest.approx(1022.025)
