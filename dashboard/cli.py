@@ -46,6 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "dashboard", help="the Streamlit dashboard (what-if, capacity plan, sim vs real)"
     )
-    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--port", type=int, default=8501, help="port the app listens on")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.set_defaults(func=cmd_dashboard)

@@ -19,16 +19,34 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--random", choices=sorted(PRESET_ARCH), help="make a random-weight checkpoint of this shape"
     )
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--backend", default="auto", choices=["auto", "flash_attn_cute", "flash_attn", "torch"])
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    p.add_argument("--max-model-len", type=int, default=16384)
-    p.add_argument("--policy", default="chunked", choices=["chunked", "prefill_first"])
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one process per GPU)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="KV cache block size in tokens (flash_attn: a multiple of 256; the others: any)",
+    )
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "flash_attn_cute", "flash_attn", "torch"],
+        help="attention backend; auto: FlashAttention-4 where it runs, else FlashAttention-2 where the "
+        "block size suits it, else torch",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384, help="token budget of one step")
+    p.add_argument("--max-model-len", type=int, default=16384, help="longest prompt + output in tokens")
+    p.add_argument(
+        "--policy",
+        default="chunked",
+        choices=["chunked", "prefill_first"],
+        help="scheduling: chunked prefill mixed with decodes (vLLM v1), or prefill-only / decode-only steps",
+    )
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory the engine may use"
+    )
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument(
         "--async-scheduling",
         action="store_true",
@@ -150,8 +168,9 @@ def profile_report(profile) -> str:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.replay import replay_trace, write_replay
-    from simulator.cli import load_trace_arg
+    from simulator.cli import check_out_dir, load_trace_arg
 
+    check_out_dir(args.out)
     trace = load_trace_arg(args.trace, args.rate_scale, args.limit, args.window)
     gpu = detected_gpu(args)
     with tempfile.TemporaryDirectory() as tmp, _open_llm(args, tmp) as llm:
@@ -183,22 +202,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="profile JSON (default: MODEL_GPU_tpN_bsB.json)")
     p.add_argument("--records", default=None, help="also save the step records (Parquet)")
     p.add_argument("--time-budget", type=float, default=240.0, help="seconds of workloads at most")
-    p.add_argument("--target", default="wall_time_s", choices=["wall_time_s", "gpu_time_s"])
+    p.add_argument(
+        "--target",
+        default="wall_time_s",
+        choices=["wall_time_s", "gpu_time_s"],
+        help="the step time to fit: host wall time, or GPU time (CUDA events)",
+    )
     p.add_argument(
         "--loss",
         default="median",
         choices=["median", "absolute", "relative"],
         help="least absolute seconds (default: robust to a host's slow phases), squared seconds, or squared relative error",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the designed workloads")
     p.set_defaults(func=cmd_profile)
     r = sub.add_parser("replay", help="(GPU) serve a trace in real time and write a replay folder")
     _engine_arguments(r)
     r.add_argument("--trace", required=True, help="shipped trace name or a trace file")
-    r.add_argument("--rate-scale", type=float, default=None)
-    r.add_argument("--limit", type=int, default=None)
+    r.add_argument("--rate-scale", type=float, default=None, help="replay k times faster")
+    r.add_argument("--limit", type=int, default=None, help="only the first N requests")
     r.add_argument("--window", default=None, help="START:END seconds of the trace")
-    r.add_argument("--out", required=True)
+    r.add_argument("--out", required=True, help="replay folder to write (requests, steps, trace, run.json)")
     r.add_argument("--max-wall", type=float, default=None, help="abort after this many seconds")
-    r.add_argument("--quiet", action="store_true")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_replay)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +22,53 @@ DEFAULT_GPU = "H200"
 # not installed) simply adds none.
 _PLUGINS = ("traces.cli", "simulator.plan_cli", "engine.cli", "dashboard.cli")
 _OPTIONAL_DEPS = {"torch", "transformers", "safetensors", "streamlit", "plotly", "ray", "simpy", "yaml"}
+# The extra that installs each optional dependency, for the error a command without it prints.
+_EXTRA_OF = {
+    "torch": "engine",
+    "transformers": "engine",
+    "safetensors": "engine",
+    "xxhash": "engine",
+    "triton": "engine",
+    "simpy": "sim",
+    "streamlit": "dashboard",
+    "plotly": "dashboard",
+    "ray": "ray",
+    "yaml": "dev",
+}
+
+# The flag that sets each configuration field, so that an error names what the user typed.
+FIELD_FLAGS = {
+    "num_replicas": "--replicas",
+    "tensor_parallel_size": "--tp",
+    "block_size": "--block-size",
+    "num_blocks": "--num-kv-blocks",
+    "num_kv_blocks": "--num-kv-blocks",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_model_len": "--max-model-len",
+    "policy": "--policy",
+    "router": "--router",
+    "async_scheduling": "--async-scheduling",
+}
+_FIELD_RE = re.compile(
+    r"\b(?:(?:Sim|Cache|Scheduler|Parallel)Config\.)?(" + "|".join(FIELD_FLAGS) + r")(?=:)"
+)
+
+
+def flag_error(e: ValueError) -> ValueError:
+    """`e` with the configuration fields it names (`CacheConfig.block_size: ...`) as their flags."""
+    return ValueError(_FIELD_RE.sub(lambda m: FIELD_FLAGS[m.group(1)], str(e)))
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, unless it has none (None, off) or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 def default_profile(
@@ -42,21 +92,49 @@ def default_profile(
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that builds a SimConfig."""
+    from simulator.config import MAX_REPLICAS
+
     p.add_argument("--model", default=DEFAULT_MODEL, help="shipped preset name or model folder")
     p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU type from simulator/data/gpus.json")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree per replica")
-    p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="override KV blocks per replica")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--policy", default="chunked", choices=["chunked", "prefill_first"])
     p.add_argument(
-        "--router", default="round_robin", choices=["round_robin", "least_outstanding", "prefix_aware"]
+        "--replicas", type=int, default=1, help=f"identical engines behind the router (1 to {MAX_REPLICAS})"
     )
-    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument(
+        "--block-size", type=int, default=16, help="KV cache block size in tokens (a power of two, 1 to 1024)"
+    )
+    p.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=None,
+        help="KV blocks per replica (default: sized from GPU memory)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory the engine may use"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once per replica")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=16384, help="token budget of one step per replica"
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt + output in tokens; longer prompts are rejected (default: the model's context)",
+    )
+    p.add_argument(
+        "--policy",
+        default="chunked",
+        choices=["chunked", "prefill_first"],
+        help="scheduling: chunked prefill mixed with decodes (vLLM v1), or prefill-only / decode-only steps",
+    )
+    p.add_argument(
+        "--router",
+        default="round_robin",
+        choices=["round_robin", "least_outstanding", "prefix_aware"],
+        help="how requests are spread over replicas",
+    )
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     p.add_argument("--profile", default="auto", help="fitted profile JSON, 'auto' (shipped) or 'roofline'")
 
 
@@ -64,8 +142,15 @@ def sim_config_from_args(args: argparse.Namespace):
     from simulator.config import SimConfig
     from simulator.models import resolve_model
 
+    try:
+        return _sim_config(SimConfig, resolve_model(args.model), args)
+    except ValueError as e:
+        raise flag_error(e) from None
+
+
+def _sim_config(SimConfig, model, args: argparse.Namespace):
     return SimConfig(
-        model=resolve_model(args.model),
+        model=model,
         gpu=args.gpu,
         tensor_parallel_size=args.tp,
         num_replicas=args.replicas,
@@ -88,9 +173,22 @@ def resolve_profile(args: argparse.Namespace) -> Path | None:
     if args.profile == "auto":
         async_scheduling = getattr(args, "async_scheduling", False)
         return default_profile(args.model, args.gpu, args.block_size, args.tp, async_scheduling)
-    path = Path(args.profile)
+    return check_profile_file(args.profile)
+
+
+def check_profile_file(name: str | Path) -> Path:
+    """`name` as a profile path, or ValueError naming --profile when it is no file of a JSON object."""
+    path = Path(name)
     if not path.is_file():
-        raise ValueError(f"--profile: {path} does not exist")
+        raise ValueError(f"--profile: {path} does not exist (give a profile JSON, 'auto' or 'roofline')")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"--profile: {path} is not a latency profile: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"--profile: {path} is not a latency profile: a JSON {type(raw).__name__}, not an object"
+        )
     return path
 
 
@@ -107,14 +205,33 @@ def load_trace_arg(
             start, end = (float(x) if x else None for x in window.split(":"))
         except ValueError:
             raise ValueError(f"--window: {window!r} is not START:END in seconds (e.g. 600:900)") from None
+        if not all(x is None or (math.isfinite(x) and x >= 0) for x in (start, end)) or (
+            start is not None and end is not None and end <= start
+        ):
+            raise ValueError(f"--window: {window!r}: START and END must be seconds >= 0 with START < END")
+        whole = trace
         trace = traces.time_window(trace, start or 0.0, end)
+        if len(trace) == 0:
+            raise ValueError(
+                f"--window: {window} holds no requests; {whole.name} has {len(whole):,} requests arriving from "
+                f"{whole.df['arrival_s'].iat[0]:,.1f} s to {whole.df['arrival_s'].iat[-1]:,.1f} s"
+            )
     if limit is not None:
         if limit <= 0:
             raise ValueError(f"--limit: must be a positive number of requests, got {limit}")
         trace = trace.with_frame(trace.df.iloc[:limit].reset_index(drop=True))
     if rate_scale is not None:
+        if not (math.isfinite(rate_scale) and rate_scale > 0):
+            raise ValueError(f"--rate-scale: must be a positive number, got {rate_scale}")
         trace = traces.scale_rate(trace, factor=rate_scale)
     return trace
+
+
+def check_out_dir(out: str | None, flag: str = "--out") -> None:
+    """Before a run: an output folder that exists as something else than a folder is an error now,
+    not after the work."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"{flag}: {out} exists and is not a folder")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -122,28 +239,63 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.report import format_summary
     from simulator.run import run_simulation
 
+    check_out_dir(args.out)
+    slo = SLO.parse(args.slo) if args.slo else None
     config = sim_config_from_args(args)
     profile = resolve_profile(args)
     trace = load_trace_arg(args.trace, args.rate_scale, args.limit, args.window)
-    slo = SLO.parse(args.slo) if args.slo else None
     result = run_simulation(trace, config, profile=profile, slo=slo, progress=not args.quiet)
     print(format_summary(result.summary))
+    if slo is not None:
+        print(format_slo(slo, result.summary))
     if args.out:
         out = result.save(args.out)
         print(f"\nwrote {out}/requests.parquet, timeline.parquet, summary.json")
     return 0
 
 
+def format_slo(slo, summary: dict) -> str:
+    """One line per --slo objective: the run's value against its limit."""
+    lines = []
+    for name, limit, value, met in slo.results(summary):
+        shown = "-" if math.isnan(value) else f"{value * 1e3:,.1f} ms"
+        lines.append(f"SLO {name:<10} <= {limit * 1e3:,.1f} ms: {shown}, {'met' if met else 'MISSED'}")
+    return "\n".join(lines)
+
+
+def validate_profile(name: str | None, run_dir: str | Path) -> Path | None:
+    """A validate --profile: a file, 'roofline' (also the default) or 'auto' (the shipped profile
+    of the replay's model, GPU, TP, block size and scheduling)."""
+    if name in (None, "roofline"):
+        return None
+    if name == "auto":
+        from simulator.validate import read_run, sim_config_for
+
+        config = sim_config_for(read_run(run_dir)[0])
+        path = default_profile(
+            config.model.name,
+            config.gpu,
+            config.block_size,
+            config.tensor_parallel_size,
+            config.async_scheduling,
+        )
+        if path is None:
+            raise ValueError(f"--profile auto: no shipped profile for the configuration of {run_dir}")
+        return path
+    return check_profile_file(name)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from simulator.validate import format_table, validate_run, write_report
 
+    check_out_dir(args.out)
     if len(args.real) > 1 or len(args.profile) > 1:
         return validate_many(args)
-    v = validate_run(args.real[0], args.profile[0], args.repeat)
+    v = validate_run(args.real[0], validate_profile(args.profile[0], args.real[0]), args.repeat)
     print(format_table(v))
-    out = write_report(v, args.out or Path(args.real[0]) / "validation")
+    out = write_report(v, args.out or Path("validation") / Path(args.real[0]).resolve().name)
     print(f"\nwrote {out}/report.html; {'within' if v.passed else 'OUTSIDE'} the targets")
-    return 0
+    return 0 if v.passed or args.no_fail else 1
 
 
 def validate_many(args: argparse.Namespace) -> int:
@@ -153,7 +305,11 @@ def validate_many(args: argparse.Namespace) -> int:
     if args.repeat is not None:
         print("kvplan validate: --repeat takes one --real run and one --profile", file=sys.stderr)
         return 2
-    matrix = validation_matrix(args.real, args.profile)
+    profiles = [validate_profile(p, args.real[0]) if p != "auto" else p for p in args.profile]
+    if "auto" in profiles:
+        print("kvplan validate: --profile auto takes one --real run", file=sys.stderr)
+        return 2
+    matrix = validation_matrix(args.real, profiles)
     print(format_matrix(matrix))
     if args.out:
         out = Path(args.out)
@@ -229,12 +385,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvplan", description="Capacity planning for LLM serving.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from simulator.metrics import SLO_HELP
+
     sim = sub.add_parser("simulate", help="replay a trace through the simulator and print the metrics")
     sim.add_argument("--trace", default=DEFAULT_TRACE, help="shipped trace name or a trace file")
     sim.add_argument("--rate-scale", type=float, default=None, help="replay k times faster")
     sim.add_argument("--limit", type=int, default=None, help="only the first N requests")
-    sim.add_argument("--window", default=None, help="START:END seconds of the trace (rebased to 0)")
-    sim.add_argument("--slo", default=None, help="e.g. ttft=2s,tpot=80ms (adds goodput)")
+    sim.add_argument(
+        "--window", default=None, help="START:END seconds of the trace (rebased to 0; either may be empty)"
+    )
+    sim.add_argument("--slo", default=None, help=SLO_HELP)
     sim.add_argument("--out", default=None, help="folder for requests/timeline Parquet and summary JSON")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     add_sim_arguments(sim)
@@ -259,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         nargs="+",
         default=[None],
-        help="fitted profile JSON (default: roofline); several: compared on every --real run",
+        help="fitted profile JSON, 'roofline' (default) or 'auto' (the shipped profile of the replay's "
+        "configuration); several: compared on every --real run",
     )
     val.add_argument(
         "--repeat",
@@ -268,7 +429,15 @@ def build_parser() -> argparse.ArgumentParser:
         "own run-to-run difference beside the simulator's error",
     )
     val.add_argument(
-        "--out", default=None, help="folder for report.html, validation.json, sim_requests.parquet"
+        "--out",
+        default=None,
+        help="folder for report.html, validation.json, sim_requests.parquet (default: validation/RUN "
+        "in the current folder; several runs: validation_matrix.csv, written only with --out)",
+    )
+    val.add_argument(
+        "--no-fail",
+        action="store_true",
+        help="exit 0 even when the simulation is outside the targets (by default: exit status 1)",
     )
     val.set_defaults(func=cmd_validate)
     fit = sub.add_parser("fit", help="fit a latency profile on engine step records (metadata from --like)")
@@ -280,7 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["median", "absolute", "relative"],
         help="least absolute seconds (default: robust to a host's slow phases), squared seconds, or squared relative error",
     )
-    fit.add_argument("--target", default="wall_time_s", choices=["wall_time_s", "gpu_time_s"])
+    fit.add_argument(
+        "--target",
+        default="wall_time_s",
+        choices=["wall_time_s", "gpu_time_s"],
+        help="the step time to fit: host wall time, or GPU time (CUDA events)",
+    )
     fit.add_argument(
         "--split-kv",
         default="like",
@@ -302,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         "column: infer it (a decode step after a decode step of as many requests); for profiling "
         "sweeps only, not replays near saturation",
     )
-    fit.add_argument("--out", required=True)
+    fit.add_argument("--out", required=True, help="profile JSON to write")
     fit.set_defaults(func=cmd_fit)
     for module in _PLUGINS:
         try:
@@ -312,7 +486,17 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         mod.register(sub)
+    _show_defaults(parser)
     return parser
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)command's --help shows the options' defaults."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _show_defaults(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,6 +509,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:
         print(f"kvplan {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        extra = _EXTRA_OF.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"kvplan {args.command}: error: needs {e.name}, which is not installed; install the "
+            f"'{extra}' extra: pip install -e '.[{extra}]'",
+            file=sys.stderr,
+        )
         return 2
 
 

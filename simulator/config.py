@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from engine.config import CacheConfig, ModelSpec, SchedulerConfig, check_tp, default_num_kv_blocks
 
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
+# Each replica holds its own scheduler and KV block tables (about 5 MB and 30 ms to build for
+# Qwen3-0.6B on an H200): beyond this a run would take minutes and gigabytes before its first step.
+MAX_REPLICAS = 1024
+# Block sizes taken: powers of two, as serving engines use. The engine's torch and FlashAttention-4
+# backends serve any size and FlashAttention-2 multiples of 256; shipped profiles are at 16 and 256.
+MAX_BLOCK_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,18 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         check_tp(self.model, self.tensor_parallel_size)
-        if self.num_replicas <= 0:
-            raise ValueError(f"SimConfig.num_replicas: must be a positive integer, got {self.num_replicas}")
+        if not 0 < self.num_replicas <= MAX_REPLICAS:
+            raise ValueError(
+                f"SimConfig.num_replicas: must be 1 to {MAX_REPLICAS} (each replica is simulated with its "
+                f"own scheduler and KV cache), got {self.num_replicas}"
+            )
+        bs = self.block_size
+        if not (isinstance(bs, int) and 0 < bs <= MAX_BLOCK_SIZE and bs & (bs - 1) == 0):
+            raise ValueError(
+                f"SimConfig.block_size: must be a power of two from 1 to {MAX_BLOCK_SIZE} tokens, got {bs} "
+                "(the engine serves any size with its torch and FlashAttention-4 backends, multiples of "
+                "256 with FlashAttention-2)"
+            )
         if self.router not in ROUTERS:
             raise ValueError(f"SimConfig.router: {self.router!r} is not one of {list(ROUTERS)}")
         if not isinstance(self.async_scheduling, bool):

@@ -6,6 +6,7 @@ per-request frame with the same columns, so real replays are measured by the sam
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import chain
 
@@ -13,29 +14,59 @@ import numpy as np
 import pandas as pd
 
 PERCENTILES = (50, 90, 99)
+SLO_METRICS = ("ttft", "tpot", "e2e")
+SLO_STATS = ("p99", "p90", "p50", "mean")
+# The --slo grammar, one for every command (simulate, plan, capacity, sweeps).
+SLO_HELP = (
+    "latency objectives NAME[_STAT]=TIME,...: NAME ttft, tpot or e2e; STAT p99 (default), p90, p50 or "
+    "mean; TIME a positive number of s or ms (e.g. ttft_p99=2s,tpot_p50=80ms). Each bounds that "
+    "statistic of the run; goodput counts the requests within every TIME"
+)
 
 
 @dataclass(frozen=True)
 class SLO:
-    """Latency objectives in seconds; None means unconstrained."""
+    """Latency objectives in seconds. `ttft_s`, `tpot_s`, `e2e_s`: per-request bounds (None:
+    unconstrained) that goodput counts; `objectives`: (metric, stat, limit_s) bounds on the run's
+    statistics, as `--slo` gives them."""
 
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
+    objectives: tuple[tuple[str, str, float], ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> SLO:
-        """Parse `ttft=2s,tpot=80ms,e2e=30s` (also `ttft_p99=` spellings; units s or ms)."""
+        """Parse `ttft_p99=2s,tpot=80ms` (SLO_HELP: a bare NAME means its p99). A request counts
+        towards goodput when within every TIME (the tightest, when one NAME has several)."""
         values: dict[str, float] = {}
+        objectives: list[tuple[str, str, float]] = []
         for part in filter(None, (p.strip() for p in text.split(","))):
             if "=" not in part:
-                raise ValueError(f"--slo: {part!r} is not NAME=VALUE (e.g. ttft=2s,tpot=80ms)")
+                raise ValueError(f"--slo: {part!r} is not NAME=TIME (e.g. ttft_p99=2s,tpot_p99=80ms)")
             name, value = (x.strip().lower() for x in part.split("=", 1))
-            key = name.split("_")[0]
-            if key not in ("ttft", "tpot", "e2e"):
-                raise ValueError(f"--slo: unknown objective {name!r}; use ttft, tpot or e2e")
-            values[f"{key}_s"] = _seconds(value, part)
-        return cls(**values)
+            metric, _, stat = name.partition("_")
+            stat = stat or "p99"
+            if metric not in SLO_METRICS or stat not in SLO_STATS:
+                raise ValueError(
+                    f"--slo: unknown objective {name!r}; use {'|'.join(SLO_METRICS)} with "
+                    f"_{'|_'.join(SLO_STATS)} (default p99)"
+                )
+            limit = _seconds(value, part)
+            objectives.append((metric, stat, limit))
+            values[f"{metric}_s"] = min(limit, values.get(f"{metric}_s", math.inf))
+        if not objectives:
+            raise ValueError("--slo: give at least one objective, e.g. ttft_p99=2s")
+        return cls(**values, objectives=tuple(objectives))
+
+    def results(self, summary: dict) -> list[tuple[str, float, float, bool]]:
+        """(name, limit_s, the run's value, met) of each objective on a run's summary; a value that
+        no request has (NaN) is not met."""
+        out = []
+        for metric, stat, limit in self.objectives:
+            value = float(summary.get(f"{metric}_{stat}_s", math.nan))
+            out.append((f"{metric}_{stat}", limit, value, bool(value <= limit)))
+        return out
 
     def met(self, requests: pd.DataFrame) -> pd.Series:
         ok = requests["finish_reason"].isin(["length", "stop"])
@@ -47,11 +78,12 @@ class SLO:
 
 def _seconds(value: str, part: str) -> float:
     try:
-        if value.endswith("ms"):
-            return float(value[:-2]) / 1000.0
-        return float(value.removesuffix("s"))
+        seconds = float(value[:-2]) / 1000.0 if value.endswith("ms") else float(value.removesuffix("s"))
     except ValueError:
         raise ValueError(f"--slo: {part!r} has no number of seconds (e.g. 2s or 80ms)") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"--slo: {part!r} must be a positive time (e.g. 2s or 80ms)")
+    return seconds
 
 
 def add_latencies(requests: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from simulator.cli import DEFAULT_MODEL, DEFAULT_TRACE, add_sim_arguments, load_trace_arg
+from simulator.cli import (
+    DEFAULT_MODEL,
+    DEFAULT_TRACE,
+    add_sim_arguments,
+    load_trace_arg,
+    sim_config_from_args,
+)
+from simulator.metrics import SLO_HELP
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
@@ -133,6 +140,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from simulator.sweep import PointRunner, RunContext
 
     objectives = parse_objectives(args.slo)
+    sim_config_from_args(args)  # a bad flag is an error naming it now, not a failed search
     trace = load_trace_arg(args.trace, args.rate_scale, args.limit)
     if len(trace) < 2 or trace.duration_s <= 0:
         raise ValueError(f"--trace: {args.trace} needs at least two distinct arrival times")
@@ -186,7 +194,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pl.add_argument(
         "--rate", type=float, required=True, help="target request rate (req/s); the trace is rescaled"
     )
-    pl.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=80ms (stat defaults to p99)")
+    pl.add_argument("--slo", required=True, help=SLO_HELP)
     pl.add_argument("--model", default=DEFAULT_MODEL, help="shipped preset name or model folder")
     pl.add_argument(
         "--gpus", type=_csv(str), default=None, help="GPU types, e.g. H100,H200 (default: all known)"
@@ -195,16 +203,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pl.add_argument(
         "--tp", type=_csv(int), default=None, help="TP degrees (default: 1,2,4,8 up to --max-gpus)"
     )
-    pl.add_argument("--block-sizes", type=_csv(int), default=[16])
-    pl.add_argument("--max-num-seqs", type=_csv(int), default=[256])
-    pl.add_argument("--max-num-batched-tokens", type=_csv(int), default=[16384])
-    pl.add_argument("--policy", default="chunked", choices=["chunked", "prefill_first"])
     pl.add_argument(
-        "--router", default="least_outstanding", choices=["round_robin", "least_outstanding", "prefix_aware"]
+        "--block-sizes", type=_csv(int), default=[16], help="KV block sizes to try, e.g. 16,256 (default: 16)"
     )
-    pl.add_argument("--no-prefix-caching", action="store_true")
+    pl.add_argument(
+        "--max-num-seqs",
+        type=_csv(int),
+        default=[256],
+        help="batch limits to try, e.g. 128,256 (default: 256)",
+    )
+    pl.add_argument(
+        "--max-num-batched-tokens",
+        type=_csv(int),
+        default=[16384],
+        help="step token budgets to try, e.g. 8192,16384 (default: 16384)",
+    )
+    pl.add_argument(
+        "--policy",
+        default="chunked",
+        choices=["chunked", "prefill_first"],
+        help="scheduling policy of every option",
+    )
+    pl.add_argument(
+        "--router",
+        default="least_outstanding",
+        choices=["round_robin", "least_outstanding", "prefix_aware"],
+        help="how requests are spread over replicas",
+    )
+    pl.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     _add_async_argument(pl)
-    pl.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    pl.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory the engine may use"
+    )
     pl.add_argument("--profile", default="auto", help="fitted profile JSON, 'auto' (shipped) or 'roofline'")
     pl.add_argument(
         "--mix-latency-models",
@@ -230,7 +260,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cap.add_argument(
         "--rate-scale", type=float, default=None, help="pre-scale the trace (the search starts here)"
     )
-    cap.add_argument("--slo", required=True, help="e.g. ttft_p99=2s,tpot_p99=80ms (stat defaults to p99)")
+    cap.add_argument("--slo", required=True, help=SLO_HELP)
     cap.add_argument(
         "--tolerance", type=float, default=0.05, help="stop when the bracket is within this ratio"
     )

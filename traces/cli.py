@@ -118,9 +118,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g = sub.add_parser("gen", help="generate a synthetic trace")
     g.add_argument("--out", required=True, help="output file: .parquet, .csv or .jsonl")
     g.add_argument("--spec", default=None, help="JSON or YAML generate() spec; flags override it")
-    g.add_argument("--name", default=None)
+    g.add_argument("--name", default=None, help="trace name (default: the --out file's stem)")
     g.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
-    g.add_argument("--num-requests", type=int, default=None)
+    g.add_argument(
+        "--num-requests", type=int, default=None, help="requests to generate (with --duration: at most)"
+    )
     g.add_argument("--duration", type=float, default=None, help="seconds")
     g.add_argument("--arrival", choices=ARRIVALS, default=None, help="arrival process (default poisson)")
     g.add_argument("--rate", type=float, default=None, help="requests/s (sessions/s with --turns)")
