@@ -7,6 +7,7 @@ to simulator.sweep and simulator.plan and prints their formatted results.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -44,18 +45,23 @@ def _add_exec_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _profile_arg(value: str) -> str:
-    from pathlib import Path
+    from simulator.cli import check_profile_file
 
-    if value not in ("auto", "roofline") and not Path(value).is_file():
-        raise ValueError(f"--profile: {value} is not 'auto', 'roofline' or a profile file")
+    if value not in ("auto", "roofline"):
+        check_profile_file(value)
     return value
 
 
-def _timed(evaluate: Callable[[list[dict]], list[dict]], quiet: bool) -> Callable[[list[dict]], list[dict]]:
+def _timed(
+    evaluate: Callable[[list[dict]], list[dict]], quiet: bool, done: list[dict] | None = None
+) -> Callable[[list[dict]], list[dict]]:
+    """`evaluate` with a progress line per round on stderr; each round's rows also go to `done`."""
     state = {"round": 0, "sims": 0, "t0": time.perf_counter()}
 
     def run(points: list[dict]) -> list[dict]:
         rows = evaluate(points)
+        if done is not None:
+            done.extend(rows)
         state["round"] += 1
         state["sims"] += len(points)
         if not quiet:
@@ -67,6 +73,30 @@ def _timed(evaluate: Callable[[list[dict]], list[dict]], quiet: bool) -> Callabl
         return rows
 
     return run
+
+
+def _interrupted(rows: list[dict], best: str) -> str:
+    """What an interrupted search found in its finished rounds: `best` 'cost' (the cheapest
+    configuration meeting the SLOs) or 'rate' (the highest rate scale meeting them)."""
+    met = [r for r in rows if r.get("slo_met") is True and r.get("error") is None]
+    lines = [f"\ninterrupted: {len(rows)} simulations had finished (points in flight were stopped)"]
+    if not met:
+        lines.append("  none of them met the SLOs")
+    elif best == "cost":
+        r = min(met, key=lambda r: float(r.get("cost_per_hour_usd", math.inf)))
+        lines.append(
+            f"  the cheapest of them meeting the SLOs: {r.get('replicas', 1)} x {r.get('gpu')} tp={r.get('tp', 1)}, "
+            f"block {r.get('block_size')}, max_num_seqs {r.get('max_num_seqs')}, max_num_batched_tokens "
+            f"{r.get('max_num_batched_tokens')}: ${float(r.get('cost_per_hour_usd', math.nan)):,.2f}/h "
+            "(the search was not finished)"
+        )
+    else:
+        r = max(met, key=lambda r: float(r.get("rate_scale", 1.0)))
+        lines.append(
+            f"  the highest rate of them meeting the SLOs: {float(r.get('rate_scale', 1.0)):.4g}x the trace "
+            "(the search was not finished)"
+        )
+    return "\n".join(lines)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -120,17 +150,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ctx = RunContext(trace, args.model, profile, args.slo, trace.name)
     if not args.quiet:
         print(f"planning over {len(options)} options ({len(trace)} requests each run)", file=sys.stderr)
-    with PointRunner(ctx, args.workers, args.ray) as runner:
-        result = find_plan(
-            _timed(runner.run, args.quiet),
-            options,
-            objectives,
-            args.max_gpus,
-            args.rate,
-            base,
-            wave_size=None if args.exhaustive else runner.parallelism,
-            prune=not args.exhaustive,
-        )
+    done: list[dict] = []
+    try:
+        with PointRunner(ctx, args.workers, args.ray) as runner:
+            result = find_plan(
+                _timed(runner.run, args.quiet, done),
+                options,
+                objectives,
+                args.max_gpus,
+                args.rate,
+                base,
+                wave_size=None if args.exhaustive else runner.parallelism,
+                prune=not args.exhaustive,
+            )
+    except KeyboardInterrupt:
+        print(_interrupted(done, "cost"), file=sys.stderr)
+        return 130
     print(format_plan(result, trace.name, args.model, None if args.show_all else 12))
     return 0 if result.best is not None else 1
 
@@ -161,16 +196,21 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         **_async_axis(args),
     }
     ctx = RunContext(trace, args.model, _profile_arg(args.profile), args.slo, trace.name)
-    with PointRunner(ctx, args.workers, args.ray) as runner:
-        result = find_capacity(
-            _timed(runner.run, args.quiet),
-            point,
-            objectives,
-            base_rate,
-            tolerance=args.tolerance,
-            parallel=runner.parallelism,
-            max_scale=args.max_scale,
-        )
+    done: list[dict] = []
+    try:
+        with PointRunner(ctx, args.workers, args.ray) as runner:
+            result = find_capacity(
+                _timed(runner.run, args.quiet, done),
+                point,
+                objectives,
+                base_rate,
+                tolerance=args.tolerance,
+                parallel=runner.parallelism,
+                max_scale=args.max_scale,
+            )
+    except KeyboardInterrupt:
+        print(_interrupted(done, "rate"), file=sys.stderr)
+        return 130
     what = f"{args.replicas} x {args.model} on {args.gpu} tp={args.tp} ({trace.name})"
     what += ", async scheduling" if args.async_scheduling else ""
     print(format_capacity(result, what))

@@ -563,9 +563,31 @@ _WORKER_CTX: RunContext | None = None
 _WORKER_PROMPTS: PromptCache | None = None
 
 
-def _init_worker(ctx: RunContext) -> None:
+# How often a pool worker checks that the process that started it still runs.
+PARENT_CHECK_S = 0.5
+
+
+def _init_worker(ctx: RunContext, parent_pid: int | None = None) -> None:
     global _WORKER_CTX, _WORKER_PROMPTS
     _WORKER_CTX, _WORKER_PROMPTS = ctx, PromptCache()
+    if parent_pid is not None:
+        _exit_with_parent(parent_pid)
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """End this worker when its parent is gone (killed, even by SIGKILL): a daemon thread sees the
+    process re-parented and exits at once, mid-simulation or idle. Ctrl-C is left to the parent,
+    which terminates its workers (`PointRunner.close`)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kvplan-parent-watch", daemon=True).start()
 
 
 def _pool_task(point: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
@@ -670,12 +692,20 @@ class PointRunner:
     def __enter__(self) -> PointRunner:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(terminate=exc_type is not None)
 
-    def close(self) -> None:
+    def close(self, terminate: bool = False) -> None:
+        """Stop the pool: wait for its workers, or with `terminate` (an exception, Ctrl-C) drop
+        what is pending and end the workers now, points in flight included."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            procs = list((getattr(self._pool, "_processes", None) or {}).values())
+            self._pool.shutdown(wait=not terminate, cancel_futures=True)
+            if terminate:
+                for proc in procs:
+                    proc.terminate()
+                for proc in procs:
+                    proc.join(5)
             self._pool = None
         if self._ray_started:
             import ray
@@ -726,7 +756,7 @@ class PointRunner:
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(self.ctx,),
+                initargs=(self.ctx, os.getpid()),
             )
         points = plan.points
         futures: dict[Any, tuple[int, list[int]]] = {}
