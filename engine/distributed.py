@@ -22,12 +22,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from engine import envs
 from engine.config import ModelSpec, check_tp
 from engine.scheduler import ScheduledBatch
 from engine.sequence import SamplingParams
 
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-PORT_ENV = "KVPLAN_TP_PORT"  # rendezvous port when none is passed (default: a free one)
+PORT_ENV = "KVPLAN_TP_PORT"  # rendezvous port when none is passed (default: a free one; engine/envs.py)
 TEST_EXIT_ENV = "KVPLAN_TP_TEST_EXIT"  # tests only: "RANK:STEP" makes that worker exit at that step
 TEST_EXIT_CODE = 17
 HOST = "127.0.0.1"
@@ -48,8 +49,7 @@ def check_tp_shapes(spec: ModelSpec, tp: int) -> None:
 def resolve_port(port: int | None) -> int:
     """`port`, else $KVPLAN_TP_PORT, else 0 (the rendezvous store binds a free port)."""
     if port is None:
-        env = os.environ.get(PORT_ENV, "").strip()
-        port = int(env) if env else 0
+        port = envs.get(PORT_ENV) or 0
     if not 0 <= port <= 65535:
         raise ValueError(f"dist_port: {port} is not in [0, 65535]")
     return port
@@ -155,10 +155,10 @@ class WorkerArgs:
 
 
 def _test_exit_step(rank: int) -> int | None:
-    spec = os.environ.get(TEST_EXIT_ENV, "")
-    if not spec:
+    spec = envs.get(TEST_EXIT_ENV)
+    if spec is None:
         return None
-    exit_rank, step = (int(x) for x in spec.split(":"))
+    exit_rank, step = spec
     return step if exit_rank == rank else None
 
 
@@ -183,7 +183,8 @@ def worker_main(rank: int, args: WorkerArgs, conn: Any) -> None:
         dist.init_process_group(
             args.dist_backend, store=store, rank=rank, world_size=args.tp_size, timeout=timeout
         )
-        backend = select_backend(args.attention_backend, device, args.runner_kwargs["block_size"])
+        kwargs = args.runner_kwargs  # with rank 0's kernel config: every rank runs the same kernels
+        backend = select_backend(args.attention_backend, device, kwargs["block_size"], kwargs.get("kernels"))
         runner = ModelRunner(
             args.model_dir, args.hf_config, args.spec, backend,
             device=device, tp_rank=rank, tp_size=args.tp_size, **args.runner_kwargs,

@@ -26,7 +26,7 @@ from engine.block_manager import BlockManager
 from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig
 from engine.decode_splits import split_block, split_unit
 from engine.distributed import MultiprocExecutor, check_tp_shapes, rank_device
-from engine.layers import gemv, pdl
+from engine.envs import KernelConfig
 from engine.layers.distributed import AllReduceTimer, time_all_reduces
 from engine.loader import read_hf_config
 from engine.model_runner import ModelRunner
@@ -119,7 +119,8 @@ class LLM:
         torch_dtype = _resolve_dtype(dtype, spec, self.device)
         self.spec = spec
         self.profile_allreduce = profile_allreduce
-        backend = select_backend(attention_backend, self.device, block_size)
+        kernels = KernelConfig.from_env(prefill_graphs=prefill_graphs)  # read once; arguments win
+        backend = select_backend(attention_backend, self.device, block_size, kernels)
         CacheConfig(block_size, num_kv_blocks, enable_prefix_caching, gpu_memory_utilization)  # validates
         runner_kwargs = dict(
             block_size=block_size,
@@ -130,7 +131,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             num_kv_blocks=num_kv_blocks,
             enforce_eager=enforce_eager,
-            prefill_graphs=prefill_graphs,
+            kernels=kernels,
             seed=seed,
         )
         self.tokenizer = _load_tokenizer(self.model_dir)
@@ -172,34 +173,19 @@ class LLM:
     def attention_backend(self) -> str:
         return self.runner.backend.name
 
+    @property
+    def kernels(self) -> KernelConfig:
+        """The kernels this engine runs where there is a choice (engine/envs.py: read from the
+        environment once, at start, with the constructor's arguments winning; resolved for the
+        device by the model runner)."""
+        return self.runner.kernels
+
     def kernel_choices(self) -> dict[str, Any]:
-        """Which kernels this engine runs where there is a choice (recorded with profiles and replays):
-        - the FA4 backend's decode kernel ("triton" / "fa4"; None for other backends), and whether
-          the Triton one balances its splits and splits pages of more than 64 tokens inside (None
-          where it does not run);
-        - the per-token layers' kernels ("triton" / "compile" / "torch");
-        - how prefill/mixed steps run ("piecewise" CUDA graphs or "eager");
-        - whether decode steps are scheduled asynchronously;
-        - whether small Triton launches use programmatic dependent launch (engine/layers/pdl.py);
-        - whether the sampler's argmax runs in Triton (engine/layers/argmax.py), and whether one Triton
-          launch copies the decode graphs' inputs (engine/layers/graph_inputs.py);
-        - whether one-row GEMVs take the tiles tuned in place (engine/layers/gemv.py), and whether
-          one-row greedy steps fuse the LM head with the argmax (engine/layers/head_argmax.py)."""
-        backend = self.runner.backend
-        decode_kernel = getattr(backend, "decode_kernel", None)
-        return {
-            "decode_kernel": decode_kernel,
-            "decode_balanced": backend.decode_balanced if decode_kernel == "triton" else None,
-            "decode_fine_splits": backend.decode_fine_splits if decode_kernel == "triton" else None,
-            "layer_kernels": self.runner.layer_impl,
-            "prefill_graphs": "piecewise" if self.runner.piecewise is not None else "eager",
-            "async_scheduling": self.async_scheduling,
-            "pdl": pdl.enabled(self.device),
-            "triton_argmax": self.runner.sampler.triton_argmax and self.runner.cuda,
-            "graph_copy_kernel": self.runner.triton_graph_copy,
-            "gemv_tuned_tiles": self.runner.cuda and gemv.tuned_tiles(),
-            "fused_head_argmax": self.runner.fused_head,
-        }
+        """Which kernels this engine runs where there is a choice, as profiles and replays record
+        them: `self.kernels.record()` (one key per KernelConfig field: None where the choice does not
+        arise, False where the kernel cannot run here), and whether decode steps are scheduled
+        asynchronously."""
+        return {**self.kernels.record(), "async_scheduling": self.async_scheduling}
 
     def decode_split_kv(self) -> dict[str, Any] | None:
         """How decode attention splits each sequence's KV, for the fitted latency model

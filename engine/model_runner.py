@@ -11,7 +11,6 @@ the same batches in lockstep; only rank 0 gets logits and samples.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,9 @@ import torch
 from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
 from engine.config import ModelSpec, cdiv, num_kv_blocks
+from engine.envs import KernelConfig
 from engine.kv_cache import KVCache
-from engine.layers import argmax, gemv, graph_inputs, head_argmax, triton_ops
+from engine.layers import argmax, gemv, graph_inputs, head_argmax, pdl, triton_ops
 from engine.layers.distributed import min_over_ranks
 from engine.layers.layernorm import LAYER_IMPLS
 from engine.loader import load_weights
@@ -36,10 +36,11 @@ DEFAULT_CPU_KV_BLOCKS = 512
 GRAPH_MEMORY_RESERVE = 512 << 20  # bytes kept back for the decode graphs' memory pool
 
 
-def layer_impl(device: torch.device, requested: str | None = None) -> str:
-    """Kernels of the per-token layers (norms, rotary, SiLU): $KVPLAN_LAYER_IMPL or `requested`, else
-    "triton" on CUDA where Triton is installed ("compile" without it), "torch" on CPU."""
-    choice = requested or os.environ.get("KVPLAN_LAYER_IMPL") or "auto"
+def layer_impl(device: torch.device, requested: str | None = "auto") -> str:
+    """Kernels of the per-token layers (norms, rotary, SiLU): `requested` (the kernel config's
+    `layer_kernels`, $KVPLAN_LAYER_IMPL); "auto" (or None) is "triton" on CUDA where Triton is
+    installed ("compile" without it), "torch" on CPU."""
+    choice = requested or "auto"
     if choice == "auto":
         if device.type != "cuda":
             return "torch"
@@ -51,15 +52,30 @@ def layer_impl(device: torch.device, requested: str | None = None) -> str:
     return choice
 
 
-def prefill_graphs_enabled(requested: bool | None = None) -> bool:
-    """Piecewise graphs for prefill/mixed steps: `requested`, else $KVPLAN_PREFILL_GRAPHS ("0" / "1"),
-    else on."""
-    if requested is not None:
-        return requested
-    value = os.environ.get("KVPLAN_PREFILL_GRAPHS", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"KVPLAN_PREFILL_GRAPHS: {value!r} is not 0 or 1")
-    return value == "1"
+def resolve_kernels(
+    asked: KernelConfig, backend: AttentionBackend, device: torch.device, tp_size: int, use_graphs: bool
+) -> KernelConfig:
+    """What runs of the kernel config `asked` (engine/envs.py) on `device`, with `backend` (built
+    from `asked`) and `tp_size` ranks, decode steps through CUDA graphs or not (`use_graphs`): "auto"
+    resolved; a switch False where its kernel cannot run (CPU, no Triton, tensor parallelism for the
+    fused head, no decode graphs for the piecewise ones); the decode fields None unless the backend
+    chooses a decode kernel, the split fields None unless that kernel is Triton's."""
+    cuda = device.type == "cuda"
+    decode = getattr(backend, "decode_kernel", None)
+    split = decode == "triton"
+    return KernelConfig(
+        decode_kernel=decode,
+        decode_balanced=backend.decode_balanced if split else None,
+        decode_fine_splits=backend.decode_fine_splits if split else None,
+        layer_kernels=layer_impl(device, asked.layer_kernels),
+        prefill_graphs=use_graphs and bool(asked.prefill_graphs),
+        pdl=pdl.enabled(device, bool(asked.pdl)),
+        gemv_prefetch=cuda and bool(asked.gemv_prefetch),
+        triton_argmax=cuda and argmax.available() and bool(asked.triton_argmax),
+        graph_copy_kernel=cuda and graph_inputs.available() and bool(asked.graph_copy_kernel),
+        gemv_tuned_tiles=cuda and bool(asked.gemv_tuned_tiles),
+        fused_head_argmax=cuda and tp_size == 1 and head_argmax.available() and bool(asked.fused_head_argmax),
+    )
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -109,11 +125,13 @@ class ModelRunner:
         gpu_memory_utilization: float = 0.9,
         num_kv_blocks: int | None = None,
         enforce_eager: bool = False,
-        prefill_graphs: bool | None = None,
+        kernels: KernelConfig | None = None,
         seed: int = 0,
         tp_rank: int | None = None,
         tp_size: int = 1,
     ) -> None:
+        """`kernels`: the kernel config asked for, the one `backend` was built from (default: what
+        the environment asks for); `self.kernels` is what runs of it here (`resolve_kernels`)."""
         self.spec, self.backend, self.device, self.dtype = spec, backend, device, dtype
         self.block_size, self.max_num_seqs = block_size, max_num_seqs
         self.max_num_batched_tokens, self.max_model_len = max_num_batched_tokens, max_model_len
@@ -127,14 +145,18 @@ class ModelRunner:
         self.last_graph_num_tokens = 0
         self.piecewise: PiecewiseForward | None = None
         use_graphs = self.cuda and not enforce_eager and getattr(backend, "graph_safe", False)
-        # the decode graphs' inputs copied in one Triton launch (unless $KVPLAN_GRAPH_COPY=0)
-        self.triton_graph_copy = self.cuda and graph_inputs.enabled()
-        self.use_prefill_graphs = use_graphs and prefill_graphs_enabled(prefill_graphs)
+        self.kernels = resolve_kernels(
+            kernels or KernelConfig.from_env(), backend, device, tp_size, use_graphs
+        )
+        # the decode graphs' inputs copied in one Triton launch (unless graph_copy_kernel is off)
+        self.triton_graph_copy = self.kernels.graph_copy_kernel
+        self.use_prefill_graphs = self.kernels.prefill_graphs
         self.kv_cache: KVCache | None = None
         self.model = self._load_model(model_dir, hf_config, tp_rank, tp_size)
-        self.sampler = Sampler(torch.Generator(device=device).manual_seed(seed))
-        # one-row all-greedy steps: the LM head and the argmax in one pass (unless $KVPLAN_HEAD_ARGMAX=0)
-        self.fused_head = self.cuda and tp_size == 1 and head_argmax.enabled()
+        generator = torch.Generator(device=device).manual_seed(seed)
+        self.sampler = Sampler(generator, triton_argmax=self.kernels.triton_argmax)
+        # one-row all-greedy steps: the LM head and the argmax in one pass (unless fused_head_argmax is off)
+        self.fused_head = self.kernels.fused_head_argmax
         # two pinned buffers, used in turn: with async scheduling the host builds step n+1's inputs
         # while step n's host-to-device copy may still be queued
         self._stagings = (self._staging_buffer(), self._staging_buffer())
@@ -143,13 +165,14 @@ class ModelRunner:
         self._stream = torch.cuda.current_stream(device) if self.cuda else None
         self._token_buffers = self._token_host_buffers()
         self._num_staged = 0
-        self.kv_cache = self._allocate_kv_cache(num_kv_blocks, gpu_memory_utilization, enforce_eager)
-        self.kv_cache.bind(self.model.attention_layers(), backend)
-        self.warmup()
-        if use_graphs:
-            self.capture_cudagraphs()
-        if self.use_prefill_graphs:
-            self.capture_piecewise()
+        with self.kernels.activate():  # what start-up launches and captures runs under the config
+            self.kv_cache = self._allocate_kv_cache(num_kv_blocks, gpu_memory_utilization, enforce_eager)
+            self.kv_cache.bind(self.model.attention_layers(), backend)
+            self.warmup()
+            if use_graphs:
+                self.capture_cudagraphs()
+            if self.use_prefill_graphs:
+                self.capture_piecewise()
 
     @property
     def num_kv_blocks(self) -> int:
@@ -167,7 +190,7 @@ class ModelRunner:
             torch.set_default_dtype(previous)
         load_weights(model, model_dir)
         model.eval()
-        impl = layer_impl(self.device)
+        impl = self.kernels.layer_kernels
         for module in model.modules():
             if hasattr(module, "impl"):
                 module.impl = impl
@@ -403,12 +426,13 @@ class ModelRunner:
         the device, or None; which sequences of the batch they belong to). `input_ids`: the step's
         input tokens on the device (async scheduling: the previous step's samples, not yet on the
         host), replacing those the sequences hold."""
-        if timer is not None:
-            timer.start()
-        hidden, inputs = self.forward(batch, input_ids)
-        tokens = self._sample(hidden, inputs) if inputs.sampled_seq_indices else None
-        if timer is not None:
-            timer.stop()
+        with self.kernels.activate():
+            if timer is not None:
+                timer.start()
+            hidden, inputs = self.forward(batch, input_ids)
+            tokens = self._sample(hidden, inputs) if inputs.sampled_seq_indices else None
+            if timer is not None:
+                timer.stop()
         return tokens, inputs.sampled_seq_indices
 
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor | None:
@@ -430,8 +454,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor | None, StepInputs]:
         """Forward the batch; logits of the rows that sample, in batch order (None when no row samples,
         or on a tensor-parallel rank other than 0). `input_ids`: as for `launch`."""
-        hidden, inputs = self.forward(batch, input_ids)
-        logits = self.model.compute_logits(hidden) if inputs.sampled_seq_indices else None
+        with self.kernels.activate():
+            hidden, inputs = self.forward(batch, input_ids)
+            logits = self.model.compute_logits(hidden) if inputs.sampled_seq_indices else None
         return logits, inputs
 
     @torch.inference_mode()
@@ -439,7 +464,8 @@ class ModelRunner:
         self, batch: ScheduledBatch, input_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, StepInputs]:
         """Forward the batch (decode through a CUDA graph when one fits): the final hidden states of
-        the rows that sample, in batch order. `input_ids`: as for `launch`."""
+        the rows that sample, in batch order. `input_ids`: as for `launch`. (Its kernels read the
+        kernel config that `launch` and `compute_logits` activate.)"""
         staging = self._stagings[self._num_built & 1]
         self._num_built += 1
         inputs = build_step_inputs(batch, self.block_size, self.device, staging)

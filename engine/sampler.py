@@ -3,22 +3,25 @@
 Sampling draws with the exponential-race trick (argmax of p / E, E ~ Exp(1)), which needs no
 host sync; top-k / top-p masking (a sort of the logits) runs only when some request asks for it.
 On CUDA the argmaxes run in Triton (engine/layers/argmax.py: the same result as torch's, and an
-all-greedy batch needs no float copy of its logits) unless $KVPLAN_TRITON_ARGMAX=0.
+all-greedy batch needs no float copy of its logits) unless the kernel config's `triton_argmax` is off.
 """
 
 from __future__ import annotations
 
 import torch
 
+from engine import envs
 from engine.layers import argmax
 
 
 class Sampler:
     def __init__(self, generator: torch.Generator | None = None, triton_argmax: bool | None = None) -> None:
-        """`triton_argmax`: argmax CUDA logits in Triton (default: where installed, unless
-        $KVPLAN_TRITON_ARGMAX=0)."""
+        """`triton_argmax`: argmax CUDA logits in Triton (the model runner passes its kernel config's;
+        default: where Triton is installed, as the active kernel config says, `envs.current`)."""
         self.generator = generator
-        self.triton_argmax = argmax.enabled() if triton_argmax is None else triton_argmax
+        if triton_argmax is None:
+            triton_argmax = argmax.available() and envs.current("triton_argmax")
+        self.triton_argmax = triton_argmax
 
     def __call__(
         self,

@@ -10,6 +10,7 @@ from engine.attention.backend import AttentionBackend
 from engine.attention.fa2 import FlashAttnBackend
 from engine.attention.fa4 import FlashAttnCuteBackend
 from engine.attention.torch_sdpa import TorchSDPABackend
+from engine.envs import KernelConfig
 
 BACKENDS: dict[str, type[AttentionBackend]] = {
     "flash_attn_cute": FlashAttnCuteBackend,
@@ -18,15 +19,18 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 }
 
 
-def select_backend(name: str, device: torch.device, block_size: int) -> AttentionBackend:
+def select_backend(
+    name: str, device: torch.device, block_size: int, kernels: KernelConfig | None = None
+) -> AttentionBackend:
     """The backend called `name` ("auto": FA4 if it can run, else FA2 if the block size suits it,
-    else torch), constructed; ValueError naming the reason when it cannot serve this setup."""
+    else torch), constructed with the engine's kernel config `kernels` (None: the environment's);
+    ValueError naming the reason when it cannot serve this setup."""
     if name == "auto":
         for candidate in ("flash_attn_cute", "flash_attn"):
             cls = BACKENDS[candidate]
             if cls.unavailable_reason(device) is None and cls.supports_block_size(block_size):
-                return cls()
-        return TorchSDPABackend()
+                return cls.from_config(kernels)
+        return TorchSDPABackend.from_config(kernels)
     if name not in BACKENDS:
         raise ValueError(f"attention_backend: {name!r} is not one of {['auto', *BACKENDS]}")
     cls = BACKENDS[name]
@@ -35,7 +39,7 @@ def select_backend(name: str, device: torch.device, block_size: int) -> Attentio
         raise ValueError(f"attention_backend {name!r}: {reason}")
     if not cls.supports_block_size(block_size):
         raise ValueError(f"attention_backend {name!r}: block_size {block_size} is not supported")
-    return cls()
+    return cls.from_config(kernels)
 
 
 __all__ = ["BACKENDS", "AttentionBackend", "select_backend"]

@@ -7,10 +7,14 @@ tokens' q/k/v, that layer's cache and the step's `AttentionMetadata`.
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from engine.envs import KernelConfig
 
 
 def module_available(name: str) -> bool:
@@ -25,6 +29,12 @@ class AttentionBackend:
     name = "base"
     graph_safe = False  # True when forward() can be captured in a CUDA graph
     reads_new_kv = True  # False when forward() reads keys/values only from the cache, never k/v
+
+    @classmethod
+    def from_config(cls, kernels: KernelConfig | None = None) -> AttentionBackend:
+        """The backend as the engine builds it, with the engine's kernel config (`engine.envs`; None:
+        the environment's); a backend without kernel choices ignores it."""
+        return cls()
 
     @staticmethod
     def supports_block_size(block_size: int) -> bool:

@@ -6,14 +6,15 @@ exposes its compile cache so that warm-up and the step recorder can see compilat
 
 Decode steps go to the Triton split-KV kernel (`triton_decode.py`) by default where Triton can run
 (FA4 has no split-KV on Hopper: one sequence reads its KV from a handful of SMs); `decode_kernel`
-("triton" or "fa4"; default from $KVPLAN_DECODE_KERNEL, else "triton" when available) says which runs.
-The Triton kernel balances its splits (`engine.decode_splits`) unless $KVPLAN_DECODE_BALANCE is 0, and
-splits pages of more than 64 tokens inside unless $KVPLAN_DECODE_FINE_SPLITS is 0.
+("triton" or "fa4"; default: the engine's kernel config's, "auto": "triton" when available) says which
+runs. The Triton kernel balances its splits (`engine.decode_splits`) unless the config's
+`decode_balanced` is off, and splits pages of more than 64 tokens inside unless its
+`decode_fine_splits` is off (engine/envs.py: $KVPLAN_DECODE_KERNEL, $KVPLAN_DECODE_BALANCE,
+$KVPLAN_DECODE_FINE_SPLITS).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from engine.attention.backend import AttentionBackend, module_available
 from engine.attention.metadata import AttentionMetadata
 from engine.decode_splits import split_block
-from engine.layers.pdl import env_switch
+from engine.envs import KernelConfig
 
 
 class FlashAttnCuteBackend(AttentionBackend):
@@ -34,8 +35,12 @@ class FlashAttnCuteBackend(AttentionBackend):
         varlen_fn: Callable | None = None,
         decode_kernel: str | None = None,
         decode_fn: Callable | None = None,
+        kernels: KernelConfig | None = None,
     ) -> None:
-        """`decode_fn` stands in for the Triton decode kernel (tests pass a recorder)."""
+        """`kernels`: the engine's kernel config (default: what the environment asks for); an explicit
+        `decode_kernel` wins over its. `decode_fn` stands in for the Triton decode kernel (tests pass
+        a recorder)."""
+        kernels = kernels or KernelConfig.from_env()
         self._cache_owner = None
         if varlen_fn is None:
             from flash_attn.cute import interface
@@ -43,17 +48,23 @@ class FlashAttnCuteBackend(AttentionBackend):
             varlen_fn = interface.flash_attn_varlen_func
             self._cache_owner = getattr(interface, "_flash_attn_fwd", None)
         self.varlen_fn = varlen_fn
-        self.decode_kernel = _resolve_decode_kernel(decode_kernel, decode_fn is not None)
+        self.decode_kernel = _resolve_decode_kernel(
+            decode_kernel or kernels.decode_kernel, decode_fn is not None
+        )
         self.decode_fn, self._triton = decode_fn, None
         if self.decode_kernel == "triton":
             from engine.attention import triton_decode
 
             self._triton = triton_decode
             self.decode_fn = decode_fn or triton_decode.paged_decode_attention
-        self.decode_balanced = env_switch("KVPLAN_DECODE_BALANCE")  # 1 (default): balanced splits
-        # 1 (default): splits of 64-token units inside pages over 64 tokens (decode_splits.split_block)
-        self.decode_fine_splits = env_switch("KVPLAN_DECODE_FINE_SPLITS")
+        self.decode_balanced = kernels.decode_balanced is not False  # on by default: balanced splits
+        # on by default: splits of 64-token units inside pages over 64 tokens (decode_splits.split_block)
+        self.decode_fine_splits = kernels.decode_fine_splits is not False
         self._num_sms: int | None = None
+
+    @classmethod
+    def from_config(cls, kernels: KernelConfig | None = None) -> FlashAttnCuteBackend:
+        return cls(kernels=kernels)
 
     @staticmethod
     def supports_block_size(block_size: int) -> bool:
@@ -154,8 +165,8 @@ def triton_decode_available() -> bool:
 
 
 def _resolve_decode_kernel(decode_kernel: str | None, injected: bool) -> str:
-    """The asked-for decode kernel, else $KVPLAN_DECODE_KERNEL, else "triton" where it can run."""
-    choice = decode_kernel or os.environ.get("KVPLAN_DECODE_KERNEL") or "auto"
+    """The asked-for decode kernel; "auto" (or None): "triton" where it can run, else "fa4"."""
+    choice = decode_kernel or "auto"
     if choice == "auto":
         return "triton" if injected or triton_decode_available() else "fa4"
     if choice not in DECODE_KERNELS:

@@ -6,7 +6,8 @@ before it cost ~25 µs of a one-row decode step on an H200. The result equals `x
 exactly (int64): float16 / bfloat16 widen to float32 exactly, so no tie is made or broken; of equal
 maxima the lowest index wins (-0.0 equals 0.0); NaN counts as greater than any number, as in torch, so
 a row holding NaN gives its first NaN's index; a row of -inf gives 0. CUDA only (tests run the
-kernels in Triton's interpreter); $KVPLAN_TRITON_ARGMAX=0 turns it off (torch's argmax serves).
+kernels in Triton's interpreter); the kernel config's `triton_argmax` ($KVPLAN_TRITON_ARGMAX=0,
+engine/envs.py) turns it off (torch's argmax serves).
 """
 
 from __future__ import annotations
@@ -31,11 +32,6 @@ MAX_COLUMNS = 2**31 - 1  # int32 column indices
 
 def available() -> bool:
     return triton is not None
-
-
-def enabled() -> bool:
-    """Whether greedy sampling uses the kernels: Triton installed and $KVPLAN_TRITON_ARGMAX not 0."""
-    return triton is not None and pdl.env_switch("KVPLAN_TRITON_ARGMAX")
 
 
 def serves(x: torch.Tensor) -> bool:

@@ -12,10 +12,9 @@ argument; one compiled variant per power-of-two row block and weight shape); the
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from engine import envs
 from engine.layers import pdl
 
 try:
@@ -93,10 +92,10 @@ ONE_ROW_TILES = {
 
 def block_sizes(rows: int, n: int, k: int, prologue: int = PROLOGUE_NONE) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps) for `rows` rows of a projection to n features from k, after
-    `prologue`: a tuned one-row tile of ONE_ROW_TILES where there is one (unless
-    $KVPLAN_GEMV_TUNED_TILES=0), else the rule: two output features a program (thousands of programs
-    spread the read over every SM), at most 4k products a tile so the [rows, BLOCK_N, BLOCK_K] product
-    stays in registers (the best of benchmarks/bench_gemv.py --sweep at one row, one kernel at a time)."""
+    `prologue`: a tuned one-row tile of ONE_ROW_TILES where there is one (unless the kernel config's
+    `gemv_tuned_tiles` is off: $KVPLAN_GEMV_TUNED_TILES=0), else the rule: two output features a
+    program (thousands of programs spread the read over every SM), at most 4k products a tile so the
+    [rows, BLOCK_N, BLOCK_K] product stays in registers (the best of benchmarks/bench_gemv.py --sweep at one row, one kernel at a time)."""
     if rows == 1 and (prologue, n, k) in ONE_ROW_TILES and tuned_tiles():
         return ONE_ROW_TILES[prologue, n, k]
     block_n = 2
@@ -104,10 +103,10 @@ def block_sizes(rows: int, n: int, k: int, prologue: int = PROLOGUE_NONE) -> tup
     return block_n, block_k, 2 if block_n * block_k <= 2048 else 4
 
 
-@functools.cache
 def tuned_tiles() -> bool:
-    """Whether one-row projections take ONE_ROW_TILES; $KVPLAN_GEMV_TUNED_TILES=0 turns them off."""
-    return pdl.env_switch("KVPLAN_GEMV_TUNED_TILES")
+    """Whether one-row projections take ONE_ROW_TILES: the active kernel config's `gemv_tuned_tiles`
+    (engine/envs.py; $KVPLAN_GEMV_TUNED_TILES=0 turns them off)."""
+    return envs.current("gemv_tuned_tiles")
 
 
 def _next_power_of_2(n: int) -> int:
@@ -152,11 +151,11 @@ def _launch(prologue, x, residual, norm_weight, eps, weight, bias, summed, tiles
     return out
 
 
-@functools.cache
 def prefetch_weights() -> bool:
     """Whether a kernel launched early by PDL loads its first weight tile before it waits for the
-    kernel before it (weights are never written during a step); $KVPLAN_GEMV_PREFETCH=0 turns it off."""
-    return pdl.env_switch("KVPLAN_GEMV_PREFETCH")
+    kernel before it (weights are never written during a step): the active kernel config's
+    `gemv_prefetch` (engine/envs.py; $KVPLAN_GEMV_PREFETCH=0 turns it off)."""
+    return envs.current("gemv_prefetch")
 
 
 def compiled_variants() -> int:

@@ -4,7 +4,8 @@ ids, positions, slots, context lengths, block tables; padding rows get slot -1 a
 Why: the torch path is up to seven launches (five copies, two fills), ~11 µs of a one-row decode step
 on an H200. The kernel writes what `copy_torch` writes, no more: the first `n` rows of each buffer,
 the block tables' first `width` columns only, and of the padding rows n..bs only the slot and the
-context length. CUDA only (tests run it in Triton's interpreter); $KVPLAN_GRAPH_COPY=0 turns it off.
+context length. CUDA only (tests run it in Triton's interpreter); the kernel config's `graph_copy_kernel`
+($KVPLAN_GRAPH_COPY=0, engine/envs.py) turns it off.
 """
 
 from __future__ import annotations
@@ -30,12 +31,6 @@ MAX_BLOCK_COLUMNS = 1024  # block-table columns a program copies at a time
 
 def available() -> bool:
     return triton is not None
-
-
-def enabled() -> bool:
-    """Whether the decode graphs' inputs are copied by the kernel: Triton installed and
-    $KVPLAN_GRAPH_COPY not 0 (the caller checks the device)."""
-    return triton is not None and pdl.env_switch("KVPLAN_GRAPH_COPY")
 
 
 def copy_torch(src: DecodeInputs, dst: DecodeInputs, bs: int) -> None:

@@ -7,7 +7,8 @@ are never written. Each logit is rounded to the weight's dtype before it is comp
 over the head's output would see it; ties go to the lowest index and NaN counts as the greatest, as
 in engine/layers/argmax.py. The dot products sum in another order than cuBLAS's, so a logit may
 differ from F.linear's in its last bit (like engine/layers/gemv.py's projections). CUDA only (tests
-run the kernels in Triton's interpreter); $KVPLAN_HEAD_ARGMAX=0 turns it off.
+run the kernels in Triton's interpreter); the kernel config's `fused_head_argmax` ($KVPLAN_HEAD_ARGMAX=0,
+engine/envs.py) turns it off.
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ REDUCE_WARPS = 4
 
 def available() -> bool:
     return triton is not None
-
-
-def enabled() -> bool:
-    """Whether one-row greedy steps take the fused head: Triton installed, $KVPLAN_HEAD_ARGMAX not 0."""
-    return triton is not None and pdl.env_switch("KVPLAN_HEAD_ARGMAX")
 
 
 def serves(hidden: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -6,10 +6,11 @@ Every kernel that takes `USE_PDL` calls `pdl_prologue(USE_PDL)` first: it waits 
 kernel (so one that never reads its output still completes after it, which keeps the chain ordered),
 then lets the next one launch. The GEMV instead lets the next one launch, loads weights (never
 written during a step), then waits (`pdl_launch_dependents`, `pdl_wait`): every kernel still waits
-before it reads or writes step data, so the chain stays ordered. On by default where the GPU and Triton support it; $KVPLAN_PDL=0 turns
-it off; never under Triton's interpreter; only for launches over at most `MAX_ROWS` tokens or
-sequences (on an H200 it took a one-token decode step from 0.975 to 0.904 ms, but cost the 256-request
-throughput benchmark 1.5 %: docs/PERF.md).
+before it reads or writes step data, so the chain stays ordered. On by default where the GPU and
+Triton support it; the kernel config's `pdl` ($KVPLAN_PDL=0, engine/envs.py) turns it off; never
+under Triton's interpreter; only for launches over at most `MAX_ROWS` tokens or sequences (on an
+H200 it took a one-token decode step from 0.975 to 0.904 ms, but cost the 256-request throughput
+benchmark 1.5 %: docs/PERF.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import functools
 import os
 
 import torch
+
+from engine import envs
 
 MAX_ROWS = 16
 
@@ -47,21 +50,12 @@ def _device_supports(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9 and _triton_launches_pdl()
 
 
-def env_switch(name: str, default: bool = True) -> bool:
-    """An on/off environment setting: "1" on, "0" off, unset the default; anything else is an error."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}: {value!r} is not 0 or 1")
-    return value == "1"
-
-
-def enabled(device: torch.device) -> bool:
-    """Whether kernels launched on `device` use PDL (CUDA, sm_90+, a Triton that launches with it)."""
+def enabled(device: torch.device, switch: bool | None = None) -> bool:
+    """Whether kernels launched on `device` use PDL (CUDA, sm_90+, a Triton that launches with it)
+    under the kernel config's switch `switch` (default: the active one's, `envs.current`)."""
     if not HAS_GDC or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
-    if not env_switch("KVPLAN_PDL"):
+    if not (envs.current("pdl") if switch is None else switch):
         return False
     return _device_supports(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from engine_helpers import run_interpreted
 
+from engine.envs import KernelConfig
 from engine.layers import argmax
 from engine.sampler import Sampler
 
@@ -121,10 +122,14 @@ def test_cpu_sampler_keeps_torch(monkeypatch):
 
 
 def test_env_switch(monkeypatch):
+    """A Sampler built outside an engine follows $KVPLAN_TRITON_ARGMAX; inside one (the model runner
+    passes its own), the active kernel config's `triton_argmax`."""
     monkeypatch.setenv("KVPLAN_TRITON_ARGMAX", "0")
-    assert not argmax.enabled() and not Sampler().triton_argmax
+    assert not Sampler().triton_argmax
+    with KernelConfig(triton_argmax=True).activate():
+        assert Sampler().triton_argmax
     monkeypatch.setenv("KVPLAN_TRITON_ARGMAX", "1")
-    assert argmax.enabled() and Sampler().triton_argmax
+    assert Sampler().triton_argmax and not Sampler(triton_argmax=False).triton_argmax
     monkeypatch.setenv("KVPLAN_TRITON_ARGMAX", "yes")
     with pytest.raises(ValueError, match="KVPLAN_TRITON_ARGMAX: 'yes' is not 0 or 1"):
         Sampler()

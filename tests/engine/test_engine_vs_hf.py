@@ -70,6 +70,7 @@ def test_eager_and_graph_flags_on_cpu(checkpoints):
             "prefill_graphs": "eager",
             "async_scheduling": False,
             "pdl": False,
+            "gemv_prefetch": False,
             "triton_argmax": False,
             "graph_copy_kernel": False,
             "gemv_tuned_tiles": False,

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from engine_helpers import run_interpreted
 
+from engine.envs import KernelConfig
 from engine.layers import gemv
 from engine.layers.activation import silu_and_mul
 from engine.layers.layernorm import add_rms_norm, rms_norm
@@ -22,25 +23,26 @@ TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3,
 
 # Every case with the first weight tile loaded before the PDL wait (the default) and without.
 WORKER = """
-import os, sys, torch
+import sys, torch
+from engine.envs import KernelConfig
 from engine.layers import gemv
 assert type(gemv._gemv_kernel).__name__ == "InterpretedFunction", "not interpreted"
 out = {}
 rule = gemv.block_sizes
-for prefetch in ("1", "0"):
-    os.environ["KVPLAN_GEMV_PREFETCH"] = prefetch
-    gemv.prefetch_weights.cache_clear()
-    assert gemv.prefetch_weights() == (prefetch == "1")
+for prefetch in (True, False):
+    config = KernelConfig(gemv_prefetch=prefetch)
     for name, c in torch.load(sys.argv[1]).items():
-        key = (name, prefetch == "1")
+        key = (name, prefetch)
         gemv.block_sizes = (lambda *a, t=c["tiles"]: t) if c.get("tiles") else rule
-        if c["op"] == "linear":
-            out[key] = (gemv.linear(c["x"], c["w"], c["b"], tiles=c.get("tiles")),)
-        elif c["op"] == "norm_linear":
-            y, summed = gemv.norm_linear(c["x"], c["r"], c["g"], 1e-6, c["w"])
-            out[key] = (y, summed, torch.tensor(summed is c["x"]))
-        else:
-            out[key] = (gemv.silu_linear(c["x"], c["w"]),)
+        with config.activate():  # as the model runner launches them
+            assert gemv.prefetch_weights() is prefetch
+            if c["op"] == "linear":
+                out[key] = (gemv.linear(c["x"], c["w"], c["b"], tiles=c.get("tiles")),)
+            elif c["op"] == "norm_linear":
+                y, summed = gemv.norm_linear(c["x"], c["r"], c["g"], 1e-6, c["w"])
+                out[key] = (y, summed, torch.tensor(summed is c["x"]))
+            else:
+                out[key] = (gemv.silu_linear(c["x"], c["w"]),)
 torch.save(out, sys.argv[2])
 """
 
@@ -115,13 +117,11 @@ def test_block_sizes():
 
 
 def test_tuned_tiles_switch(monkeypatch):
-    try:
-        for value, tiles in (("0", (2, 1024, 2)), ("1", (8, 1024, 2))):
-            monkeypatch.setenv("KVPLAN_GEMV_TUNED_TILES", value)
-            gemv.tuned_tiles.cache_clear()
-            assert gemv.block_sizes(1, 6144, 1024, gemv.PROLOGUE_NORM) == tiles
-    finally:
-        gemv.tuned_tiles.cache_clear()
+    for value, tiles in (("0", (2, 1024, 2)), ("1", (8, 1024, 2))):
+        monkeypatch.setenv("KVPLAN_GEMV_TUNED_TILES", value)
+        assert gemv.block_sizes(1, 6144, 1024, gemv.PROLOGUE_NORM) == tiles
+        with KernelConfig(gemv_tuned_tiles=value == "0").activate():  # an engine's config wins
+            assert gemv.block_sizes(1, 6144, 1024, gemv.PROLOGUE_NORM) != tiles
 
 
 def test_clear_errors():

@@ -89,13 +89,6 @@ def test_sizes_are_checked():
         graph_inputs.copy_triton(_step(3, 2, g), _graph_buffers(4, 4, g), 2)
 
 
-def test_env_switch(monkeypatch):
-    monkeypatch.setenv("KVPLAN_GRAPH_COPY", "0")
-    assert not graph_inputs.enabled()
-    monkeypatch.setenv("KVPLAN_GRAPH_COPY", "1")
-    assert graph_inputs.enabled()
-
-
 def test_block_columns():
     assert graph_inputs.block_columns(1) == 16
     assert graph_inputs.block_columns(256) == 256

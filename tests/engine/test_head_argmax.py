@@ -95,16 +95,6 @@ def test_serves_one_cuda_row_of_the_weights_dtype():
         head_argmax.head_argmax(torch.zeros(1, 8), torch.zeros(10, 8))
 
 
-def test_env_switch(monkeypatch):
-    monkeypatch.setenv("KVPLAN_HEAD_ARGMAX", "0")
-    assert not head_argmax.enabled()
-    monkeypatch.setenv("KVPLAN_HEAD_ARGMAX", "1")
-    assert head_argmax.enabled()
-    monkeypatch.setenv("KVPLAN_HEAD_ARGMAX", "on")
-    with pytest.raises(ValueError, match="KVPLAN_HEAD_ARGMAX: 'on' is not 0 or 1"):
-        head_argmax.enabled()
-
-
 def test_runner_takes_the_fused_head_for_one_row_greedy_steps(checkpoints, monkeypatch):
     """The runner's routing, on CPU with a stand-in for the kernels: steps that sample one row, all
     greedy, go to head_argmax (and give the sampler's tokens); every other step goes to the logits

@@ -37,19 +37,6 @@ def test_never_on_a_cpu():
     assert pdl.launch_kwargs(torch.device("cpu"), 1) == {"USE_PDL": False}
 
 
-def test_env_switch(monkeypatch):
-    monkeypatch.delenv("KVPLAN_TEST_SWITCH", raising=False)
-    assert pdl.env_switch("KVPLAN_TEST_SWITCH") is True
-    assert pdl.env_switch("KVPLAN_TEST_SWITCH", default=False) is False
-    monkeypatch.setenv("KVPLAN_TEST_SWITCH", "0")
-    assert pdl.env_switch("KVPLAN_TEST_SWITCH") is False
-    monkeypatch.setenv("KVPLAN_TEST_SWITCH", "1")
-    assert pdl.env_switch("KVPLAN_TEST_SWITCH", default=False) is True
-    monkeypatch.setenv("KVPLAN_TEST_SWITCH", "off")
-    with pytest.raises(ValueError, match="KVPLAN_TEST_SWITCH: 'off' is not 0 or 1"):
-        pdl.env_switch("KVPLAN_TEST_SWITCH")
-
-
 def test_bad_pdl_setting_is_an_error(hopper, monkeypatch):
     monkeypatch.setenv("KVPLAN_PDL", "no")
     with pytest.raises(ValueError, match="KVPLAN_PDL: 'no' is not 0 or 1"):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine.attention.metadata import build_step_inputs, set_forward_context
+from engine.envs import KernelConfig
 from engine.llm import LLM
-from engine.model_runner import prefill_graphs_enabled
 from engine.piecewise import PiecewiseForward, SegmentBuffers, Segments, token_buckets
 from engine.sequence import SamplingParams
 
@@ -22,13 +22,13 @@ def test_token_buckets():
 
 def test_prefill_graphs_switch(monkeypatch):
     monkeypatch.delenv("KVPLAN_PREFILL_GRAPHS", raising=False)
-    assert prefill_graphs_enabled() is True
+    assert KernelConfig.from_env().prefill_graphs is True
     monkeypatch.setenv("KVPLAN_PREFILL_GRAPHS", "0")
-    assert prefill_graphs_enabled() is False
-    assert prefill_graphs_enabled(True) is True
+    assert KernelConfig.from_env().prefill_graphs is False
+    assert KernelConfig.from_env(prefill_graphs=True).prefill_graphs is True  # LLM(prefill_graphs=True)
     monkeypatch.setenv("KVPLAN_PREFILL_GRAPHS", "yes")
     with pytest.raises(ValueError, match="KVPLAN_PREFILL_GRAPHS"):
-        prefill_graphs_enabled()
+        KernelConfig.from_env()
 
 
 def _piecewise(llm: LLM, buckets: list[int], copy_kv: bool = True) -> PiecewiseForward:
