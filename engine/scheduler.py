@@ -275,13 +275,13 @@ class Scheduler:
         return seq
 
     def _rejection_reason(self, seq: Sequence) -> str | None:
+        """A finish reason from a fixed vocabulary (the prompt's length, the limit and the cache's
+        size are in the request's row and the configuration)."""
         n, bm = seq.num_prompt_tokens, self.block_manager
         if n > self.config.max_model_len:
-            return f"rejected: prompt of {n} tokens exceeds max_model_len {self.config.max_model_len}"
+            return "rejected_prompt_too_long"  # longer than max_model_len
         if cdiv(n, bm.block_size) > bm.num_blocks:
-            return (
-                f"rejected: prompt of {n} tokens needs more than the {bm.num_blocks} KV blocks of the cache"
-            )
+            return "rejected_kv_capacity"  # needs more KV blocks than the whole cache has
         return None
 
     def has_unfinished(self) -> bool:

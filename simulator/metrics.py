@@ -69,7 +69,7 @@ class SLO:
         return out
 
     def met(self, requests: pd.DataFrame) -> pd.Series:
-        ok = requests["finish_reason"].isin(["length", "stop"])
+        ok = requests["finish_reason"].isin(SERVED_REASONS)
         for col, limit in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s)):
             if limit is not None:
                 ok &= requests[col].fillna(0.0) <= limit
@@ -86,11 +86,24 @@ def _seconds(value: str, part: str) -> float:
     return seconds
 
 
+# Finish reasons: served to the end, cut short (counted as finished, and truncated), or rejected at
+# arrival (not finished). engine.scheduler gives rejections one of REJECTED_REASONS; replays written
+# before that carry "rejected: <detail>", which is_rejected also takes.
+SERVED_REASONS = ("length", "stop")
+TRUNCATED_REASONS = ("max_model_len", "kv_capacity")
+REJECTED_REASONS = ("rejected_prompt_too_long", "rejected_kv_capacity")
+
+
+def is_rejected(finish_reason: pd.Series) -> pd.Series:
+    return finish_reason.astype(str).str.startswith("rejected")
+
+
 def add_latencies(requests: pd.DataFrame) -> pd.DataFrame:
-    """Add ttft_s, e2e_s, tpot_s (mean time per output token after the first), queue_s."""
+    """Add ttft_s, e2e_s, tpot_s (mean time per output token after the first), queue_s; a rejected
+    request has none of them (NaN), not a latency of 0."""
     df = requests.copy()
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
-    df["e2e_s"] = df["finish_s"] - df["arrival_s"]
+    df["e2e_s"] = (df["finish_s"] - df["arrival_s"]).where(~is_rejected(df["finish_reason"]))
     df["queue_s"] = df["first_scheduled_s"] - df["arrival_s"]
     decode_tokens = (df["num_output_tokens"] - 1).where(df["num_output_tokens"] > 1)
     df["tpot_s"] = (df["finish_s"] - df["first_token_s"]) / decode_tokens
@@ -191,7 +204,8 @@ def summarize(
 ) -> dict:
     """Aggregate metrics of a per-request frame (columns as simulator.sim.REQUEST_FIELDS)."""
     df = add_latencies(requests) if "ttft_s" not in requests else requests
-    done = df[df["finish_reason"].isin(["length", "stop", "max_model_len", "kv_capacity"])]
+    done = df[df["finish_reason"].isin([*SERVED_REASONS, *TRUNCATED_REASONS])]
+    rejected = is_rejected(df["finish_reason"])
     start = float(df["arrival_s"].min()) if len(df) else 0.0
     end = float(done["finish_s"].max()) if len(done) else start
     duration = max(end - start, 1e-12)
@@ -199,8 +213,11 @@ def summarize(
     summary: dict = {
         "num_requests": len(df),
         "num_finished": len(done),
-        "num_rejected": int(df["finish_reason"].astype(str).str.startswith("rejected").sum()),
-        "num_truncated": int(df["finish_reason"].isin(["max_model_len", "kv_capacity"]).sum()),
+        "num_rejected": int(rejected.sum()),  # not in num_finished
+        # in num_finished: cut short by max_model_len or the KV cache
+        "num_truncated": int(df["finish_reason"].isin(TRUNCATED_REASONS).sum()),
+        "num_rejected_prompt_too_long": int((df["finish_reason"] == "rejected_prompt_too_long").sum()),
+        "num_rejected_kv_capacity": int((df["finish_reason"] == "rejected_kv_capacity").sum()),
         "duration_s": duration,
         "throughput_rps": len(done) / duration,
         "output_tok_s": out_tokens / duration,

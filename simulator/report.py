@@ -36,6 +36,20 @@ def _latency(s: dict) -> str:
     return text
 
 
+def format_counts(s: dict) -> str:
+    """Finished requests (truncated ones among them) and, apart, those rejected at arrival, by reason."""
+    text = f"{s['num_finished']:,} of {s['num_requests']:,} ({s['num_truncated']:,} of them truncated)"
+    text += f"; rejected {s['num_rejected']:,}"
+    reasons = [
+        (s.get("num_rejected_prompt_too_long", 0), "prompts longer than max_model_len"),
+        (s.get("num_rejected_kv_capacity", 0), "prompts larger than the whole KV cache"),
+    ]
+    parts = [f"{n:,} {what if n > 1 else what.replace('prompts', 'prompt', 1)}" for n, what in reasons if n]
+    if parts:
+        text += f" ({', '.join(parts)})"
+    return text
+
+
 def format_summary(s: dict) -> str:
     cfg = s.get("config", {})
     lines = [
@@ -57,7 +71,7 @@ def format_summary(s: dict) -> str:
     lines += [
         "",
         f"throughput       {s['throughput_rps']:,.2f} req/s, {s['output_tok_s']:,.0f} output tok/s",
-        f"finished         {s['num_finished']:,} (rejected {s['num_rejected']:,}, truncated {s['num_truncated']:,})",
+        f"finished         {format_counts(s)}",
         f"preemptions      {s['num_preemptions']:,}",
         f"prefix hit rate  {s.get('prefix_hit_rate', 0.0):.1%}",
     ]

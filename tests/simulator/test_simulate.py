@@ -64,14 +64,12 @@ def test_requests_that_cannot_fit_are_rejected_and_counted(qwen06):
     res = _run(trace, cfg)
     reasons = res.requests.set_index("request_id")["finish_reason"]
     assert reasons[0] == "length"
-    assert reasons[1].startswith("rejected: prompt of 5000 tokens exceeds max_model_len 4096")
+    assert reasons[1] == "rejected_prompt_too_long"
     assert reasons[2] == "length"
     assert res.summary["num_rejected"] == 1 and res.summary["num_finished"] == 2
     cfg_small = SimConfig(model=qwen06, num_kv_blocks=10, block_size=16, max_num_batched_tokens=512)
     res = _run(trace.with_frame(df.iloc[[2]].reset_index(drop=True)), cfg_small)
-    assert res.requests["finish_reason"][0].startswith(
-        "rejected: prompt of 300 tokens needs more than the 10"
-    )
+    assert res.requests["finish_reason"][0] == "rejected_kv_capacity"
 
 
 def test_output_that_outgrows_the_cache_is_truncated_not_hung(qwen06):
