@@ -75,6 +75,31 @@ def _timed(
     return run
 
 
+def _check_plan_axes(args: argparse.Namespace) -> None:
+    """Each value of --block-sizes, --max-num-seqs and --max-num-batched-tokens is one a
+    configuration can take: an error naming the flag now, not an invalid row per option."""
+    from simulator.cli import flag_error
+    from simulator.config import SimConfig
+    from simulator.models import resolve_model
+
+    model = resolve_model(args.model)
+    for flag, field, values in (
+        ("--block-sizes", "block_size", args.block_sizes),
+        ("--max-num-seqs", "max_num_seqs", args.max_num_seqs),
+        ("--max-num-batched-tokens", "max_num_batched_tokens", args.max_num_batched_tokens),
+    ):
+        if not values:
+            raise ValueError(f"{flag}: give at least one value")
+        for value in values:
+            try:
+                SimConfig(model=model, **{field: value})
+            except ValueError as e:
+                message = str(flag_error(e))
+                raise ValueError(
+                    flag + message[message.index(":") :] if ":" in message else message
+                ) from None
+
+
 def _interrupted(rows: list[dict], best: str) -> str:
     """What an interrupted search found in its finished rounds: `best` 'cost' (the cheapest
     configuration meeting the SLOs) or 'rate' (the highest rate scale meeting them)."""
@@ -134,6 +159,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         gpus = sorted(load_gpu_specs())
     tps = args.tp if args.tp is not None else [tp for tp in (1, 2, 4, 8) if tp <= args.max_gpus]
+    _check_plan_axes(args)
     options = plan_options(gpus, tps, args.block_sizes, args.max_num_seqs, args.max_num_batched_tokens)
     base = {
         "policy": args.policy,

@@ -250,3 +250,21 @@ def test_validate_exit_status_follows_the_shipped_replays_targets(tmp_path):
     passed = simulator.validate.validate_run(run, None).passed
     assert main(["validate", "--real", str(run), "--out", str(tmp_path / "v")]) == (0 if passed else 1)
     assert (tmp_path / "v" / "report.html").is_file() and not (run / "validation").exists()
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--block-sizes", "16,7"], "--block-sizes: must be a power of two from 1 to 1024 tokens, got 7"),
+        (["--max-num-seqs", "0"], "--max-num-seqs: must be a positive integer, got 0"),
+        (["--max-num-batched-tokens", "-5"], "--max-num-batched-tokens: must be a positive integer, got -5"),
+        (["--block-sizes", ","], "--block-sizes: give at least one value"),
+    ],
+)
+def test_plan_axes_name_the_flag_before_any_simulation(capsys, monkeypatch, flags, message):
+    import simulator.plan
+
+    monkeypatch.setattr(simulator.plan, "find_plan", lambda *a, **k: pytest.fail("searched"))
+    argv = ["plan", "--rate", "1", "--slo", "ttft=2s", "--gpus", "H200", "--quiet", "--workers", "1"]
+    assert main([*argv, *[f"{flags[0]}={flags[1]}"]]) == 2
+    assert message in _err(capsys)
