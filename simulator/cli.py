@@ -176,18 +176,19 @@ def resolve_profile(args: argparse.Namespace) -> Path | None:
     return check_profile_file(args.profile)
 
 
-def check_profile_file(name: str | Path) -> Path:
-    """`name` as a profile path, or ValueError naming --profile when it is no file of a JSON object."""
+def check_profile_file(name: str | Path, flag: str = "--profile") -> Path:
+    """`name` as a profile path, or ValueError naming `flag` when it is no file of a JSON object."""
     path = Path(name)
     if not path.is_file():
-        raise ValueError(f"--profile: {path} does not exist (give a profile JSON, 'auto' or 'roofline')")
+        choices = " (give a profile JSON, 'auto' or 'roofline')" if flag == "--profile" else ""
+        raise ValueError(f"{flag}: {path} does not exist{choices}")
     try:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"--profile: {path} is not a latency profile: not valid JSON ({e})") from None
+        raise ValueError(f"{flag}: {path} is not a latency profile: not valid JSON ({e})") from None
     if not isinstance(raw, dict):
         raise ValueError(
-            f"--profile: {path} is not a latency profile: a JSON {type(raw).__name__}, not an object"
+            f"{flag}: {path} is not a latency profile: a JSON {type(raw).__name__}, not an object"
         )
     return path
 
@@ -350,7 +351,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from simulator.latency.profile import LatencyProfile, fit_profile
 
     records = pd.read_parquet(args.records)
-    like = LatencyProfile.load(args.like)
+    like = LatencyProfile.load(check_profile_file(args.like, "--like"))
     extra = {**like.extra, "records": Path(args.records).name, "refit_of": Path(args.like).name}
     if args.infer_overlapped:
         from simulator.latency.fitted import infer_overlapped

@@ -92,6 +92,8 @@ def cmd_gen(args: argparse.Namespace) -> int:
     """`traces gen --out FILE ...`: generate a synthetic trace and write it (.parquet, .csv or .jsonl)."""
     if args.num_requests is not None and args.num_requests < 1:
         raise ValueError(f"--num-requests: must be a positive number of requests, got {args.num_requests}")
+    if Path(args.out).suffix.lower() not in (".parquet", ".csv", ".jsonl", ".json"):
+        raise ValueError(f"--out: {args.out}: unknown suffix; use .parquet, .csv or .jsonl")
     trace = generate(gen_spec(args))
     if len(trace) == 0:
         raise ValueError("no requests generated: give a larger --num-requests, --duration or --rate")

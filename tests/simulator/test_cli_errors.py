@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 import simulator.run
@@ -268,3 +269,14 @@ def test_plan_axes_name_the_flag_before_any_simulation(capsys, monkeypatch, flag
     argv = ["plan", "--rate", "1", "--slo", "ttft=2s", "--gpus", "H200", "--quiet", "--workers", "1"]
     assert main([*argv, *[f"{flags[0]}={flags[1]}"]]) == 2
     assert message in _err(capsys)
+
+
+def test_fit_like_that_is_not_a_profile(tmp_path, capsys):
+    like = tmp_path / "like.json"
+    like.write_text("[]")
+    records = tmp_path / "steps.parquet"
+    pd.DataFrame({"wall_time_s": [0.001]}).to_parquet(records)
+    assert (
+        main(["fit", "--records", str(records), "--like", str(like), "--out", str(tmp_path / "o.json")]) == 2
+    )
+    assert f"--like: {like} is not a latency profile: a JSON list, not an object" in _err(capsys)

@@ -115,3 +115,11 @@ def test_traces_gen_refuses_zero_requests(tmp_path, capsys):
     assert not out.exists()
     assert main(["gen", "--out", str(out), "--num-requests", "3"]) == 0
     assert len(traces.load(out)) == 3
+
+
+def test_traces_gen_checks_the_output_suffix_first(tmp_path, capsys, monkeypatch):
+    import traces.cli
+
+    monkeypatch.setattr(traces.cli, "generate", lambda spec: pytest.fail("generated"))
+    assert traces.cli.main(["gen", "--out", str(tmp_path / "t.txt"), "--num-requests", "3"]) == 2
+    assert "--out: " in capsys.readouterr().err
