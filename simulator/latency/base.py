@@ -16,7 +16,8 @@ import numpy as np
 from engine.scheduler import ScheduledBatch, accumulate_decode_times
 
 KINDS = ("prefill", "decode", "mixed", "empty")
-# `decode_step_times`: steps done one by one first, then numpy passes of growing size.
+# `decode_step_times`: passes of up to _SCALAR_STEPS steps go step by step, longer ones to numpy, in
+# passes of growing size.
 _SCALAR_STEPS = 64
 _FIRST_CHUNK = 256
 _MAX_CHUNK = 4096
@@ -160,10 +161,12 @@ class LatencyModelBase(ABC):
 
     @abstractmethod
     def _decode_step_array(
-        self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
+        self, num_seqs: int, num_context_tokens: int, max_seq_len: int, num_steps: int
     ) -> np.ndarray:
-        """`decode_step_time` over arrays of int64 totals, same operations in the same order (so the
-        same floats: numpy float64 ops are IEEE like Python's), as a new array the caller may reuse."""
+        """`decode_step_time` of the first `num_steps` steps of a decode run (step j, from 0, reads
+        num_context_tokens + j * num_seqs cached tokens; its longest sequence is max_seq_len + j),
+        same operations in the same order (so the same floats: numpy float64 ops are IEEE like
+        Python's), as a new array the caller may reuse."""
 
     def decode_step_times(
         self,
@@ -178,25 +181,30 @@ class LatencyModelBase(ABC):
         `accumulate_decode_times(self.decode_step_time, ...)`: times[0] = start, times[j] =
         times[j-1] + time of step j (whose context is num_context_tokens + (j-1) * num_seqs), up to
         `max_steps` steps, each starting before `deadline`. Vectorised with numpy."""
-        # Short runs (a request due soon) are cheaper step by step; then numpy, in growing passes
-        # unless the deadline is near (then step by step again).
-        first = min(max_steps, _SCALAR_STEPS)
-        times = self._leading_decode_times(num_seqs, num_context_tokens, max_seq_len, first, start, deadline)
-        done, t = len(times) - 1, times[-1]
+        # Short runs (a request due soon, one about to finish) are cheaper step by step; longer ones
+        # go to numpy at once, in growing passes sized to the deadline (the step's time says how
+        # many steps reach it), step by step again when it is near.
+        if max_steps <= _SCALAR_STEPS or start >= deadline:
+            return self._leading_decode_times(
+                num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
+            )
+        times = [start]
+        done, t, last_step = 0, start, self.decode_step_time(num_seqs, num_context_tokens, max_seq_len)
         chunk = _FIRST_CHUNK
         while done < max_steps and t < deadline:
-            m = _chunk_size(min(chunk, max_steps - done), deadline - t, t - times[-2])
+            m = _chunk_size(min(chunk, max_steps - done), deadline - t, last_step)
             context, length = num_context_tokens + done * num_seqs, max_seq_len + done
             if m <= _SCALAR_STEPS:
                 times += self._leading_decode_times(num_seqs, context, length, m, t, deadline)[1:]
             else:
-                ends = self._decode_step_array(num_seqs, _arange(context, m, num_seqs), _arange(length, m, 1))
+                ends = self._decode_step_array(num_seqs, context, length, m)
                 ends[0] += t  # then add.accumulate: sequential, like the loop (t + step 1, + step 2, ...)
                 np.add.accumulate(ends, out=ends)
                 late = np.flatnonzero(ends[: m - 1] >= deadline)  # step i + 2 starts at ends[i]: not run
                 times += (ends[: late[0] + 1] if late.size else ends).tolist()
                 chunk = min(4 * chunk, _MAX_CHUNK)
             done, t = len(times) - 1, times[-1]
+            last_step = t - times[-2]
         return times
 
     def _leading_decode_times(
@@ -236,7 +244,7 @@ def _chunk_size(limit: int, time_left: float, last_step: float) -> int:
     return limit
 
 
-def _arange(first: int, num: int, step: int) -> np.ndarray:
+def arange_int64(first: int, num: int, step: int) -> np.ndarray:
     """int64 first, first + step, ... (num values)."""
     if step:
         return np.arange(first, first + num * step, step, dtype=np.int64)

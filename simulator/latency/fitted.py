@@ -24,7 +24,7 @@ from engine.decode_splits import (
     longest_split_divisor as balanced_divisor,
 )
 from engine.scheduler import STEP_RECORD_COLUMNS
-from simulator.latency.base import BatchShape, LatencyModelBase, StepTime
+from simulator.latency.base import BatchShape, LatencyModelBase, StepTime, arange_int64
 
 DECODE_FEATURES = (
     "const",
@@ -67,6 +67,9 @@ _REQUIRED = (
     "prefill_attn_work",
 )
 TARGETS = ("auto", "gpu_time_s", "wall_time_s")
+# A numpy pass of a balanced model's decode run fills its longest-split coefficients stretch by
+# stretch (the steps over which the split count holds) up to this many stretches, else per step.
+_MAX_STRETCHES = 32
 
 
 # ---- CUDA-graph padding ---------------------------------------------------------------------------
@@ -378,7 +381,10 @@ class FittedModel(LatencyModelBase):
         """The time per token of max_seq_len at padded batch size `b`: memoised per (b, splits)."""
         if not self._balanced:
             return self._coefs(b)[1]
-        splits = self._splits(b, num_context_tokens, max_seq_len)
+        return self._split_length_coef(b, self._splits(b, num_context_tokens, max_seq_len))
+
+    def _split_length_coef(self, b: int, splits: int) -> float:
+        """c3 + c4 * b + c5 / splits of a balanced model, memoised per (b, splits)."""
         coef = self._length_coefs.get((b, splits))
         if coef is None:
             coef = self._length_coefs[(b, splits)] = self._d3 + self._d4 * b + self._d5 / splits
@@ -386,7 +392,34 @@ class FittedModel(LatencyModelBase):
 
     def _splits(self, b: int, num_context_tokens: int, max_seq_len: int) -> int:
         """`split_kv.divisor(b, ...)` of a balanced model in plain integer arithmetic, with the
-        padded batch's constants memoised: this runs once a decode step (the tests compare them)."""
+        padded batch's constants memoised (the tests compare them)."""
+        return self._split_run(b, num_context_tokens, max_seq_len, 0)[0]
+
+    def _split_run(self, b: int, num_context_tokens: int, max_seq_len: int, num_seqs: int) -> tuple[int, int]:
+        """(splits of this decode step, steps that keep them): a run whose context grows by
+        `num_seqs` tokens and its longest sequence by one a step keeps its split count until the
+        longest sequence passes a unit boundary or the step's keys per balanced program pass one."""
+        grid, balance, unit, heads = self._split_consts_of(b)
+        units = (max_seq_len + unit - 1) // unit or 1
+        hold = units * unit + 1 - max_seq_len  # max_seq_len in ((units - 1) * unit, units * unit]
+        if units < grid:
+            grid = units
+        wanted = grid
+        if balance:
+            keys = (num_context_tokens + b) * heads
+            target = ((keys + balance - 1) // balance + unit - 1) // unit or 1
+            wanted = (units + target - 1) // target
+            if wanted > grid:
+                wanted = grid
+            if num_seqs:  # keys in ((target - 1) * balance * unit, target * balance * unit]
+                same_target = (target * balance * unit - keys) // (num_seqs * heads) + 1
+                if same_target < hold:
+                    hold = same_target
+        per_split = (units + wanted - 1) // wanted
+        return (units + per_split - 1) // per_split, hold
+
+    def _split_consts_of(self, b: int) -> tuple[int, int, int, int]:
+        """(grid splits, balance programs, unit tokens, kv heads) at padded batch size `b`, memoised."""
         consts = self._split_consts.get(b)
         if consts is None:
             kv = self.split_kv
@@ -398,18 +431,7 @@ class FittedModel(LatencyModelBase):
                 kv.num_kv_heads,
             )
             self._split_consts[b] = consts
-        grid, balance, unit, heads = consts
-        units = (max_seq_len + unit - 1) // unit or 1
-        if units < grid:
-            grid = units
-        wanted = grid
-        if balance:
-            target = (((num_context_tokens + b) * heads + balance - 1) // balance + unit - 1) // unit or 1
-            wanted = (units + target - 1) // target
-            if wanted > grid:
-                wanted = grid
-        per_split = (units + wanted - 1) // wanted
-        return (units + per_split - 1) // per_split
+        return consts
 
     def _intercept(self, b: int) -> float:
         return self._d0 + self._d6 if b > 1 else self._d0
@@ -490,20 +512,39 @@ class FittedModel(LatencyModelBase):
         return times
 
     def _decode_step_array(
-        self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
+        self, num_seqs: int, num_context_tokens: int, max_seq_len: int, num_steps: int
     ) -> np.ndarray:
         b = graph_padded_batch_size(num_seqs, self._gmax)
         base, length_coef = self._coefs(b)
-        if self._balanced:  # c3 + c4 * b + c5 / splits per step, as _length_coef adds them
-            splits = self.split_kv.divisors(b, num_context_tokens, max_seq_len)
-            length_coef = (self._d3 + self._d4 * b) + self._d5 / splits
-        steps = num_context_tokens * self._d2
+        if self._balanced:
+            length_coef = self._length_coef_array(b, num_seqs, num_context_tokens, max_seq_len, num_steps)
+        steps = arange_int64(num_context_tokens, num_steps, num_seqs) * self._d2
         # in place, in decode_step_time's order (a sum's two terms commute exactly)
         steps += base
-        steps += max_seq_len * length_coef
+        steps += arange_int64(max_seq_len, num_steps, 1) * length_coef
         if self._decode_floor > 0.0:
             np.maximum(steps, self._decode_floor, out=steps)
         return steps
+
+    def _length_coef_array(
+        self, b: int, num_seqs: int, num_context_tokens: int, max_seq_len: int, num_steps: int
+    ) -> np.ndarray:
+        """c3 + c4 * b + c5 / splits of each step of a balanced model's decode run (as
+        `_split_length_coef` adds them): filled stretch by stretch (`_split_run`) where the run has
+        few, else from `SplitKV.divisors` over its steps."""
+        _, balance, unit, heads = self._split_consts_of(b)
+        stretches = num_steps // unit + (num_steps * num_seqs * heads // (balance * unit) if balance else 0)
+        if stretches > _MAX_STRETCHES:
+            context = arange_int64(num_context_tokens, num_steps, num_seqs)
+            splits = self.split_kv.divisors(b, context, arange_int64(max_seq_len, num_steps, 1))
+            return (self._d3 + self._d4 * b) + self._d5 / splits
+        coefs = np.empty(num_steps)
+        j = 0
+        while j < num_steps:
+            splits, hold = self._split_run(b, num_context_tokens + j * num_seqs, max_seq_len + j, num_seqs)
+            coefs[j : j + hold] = self._split_length_coef(b, splits)
+            j += hold
+        return coefs
 
     def _decode_parts(
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int
@@ -533,27 +574,42 @@ def _balanced_decode_times(
     model: FittedModel, run: tuple[int, int, int], max_steps: int, start: float, deadline: float
 ) -> list[float]:
     """`FittedModel._leading_decode_times` of a balanced model, `run` = (num_seqs, num_context_tokens,
-    max_seq_len): decode_step_time's operations a step, its length coefficient looked up by the
-    step's splits, the floor applied as it applies it."""
+    max_seq_len): decode_step_time's operations a step, the floor applied as it applies it. The
+    longest split holds over stretches of steps (`_split_run`): its coefficient is looked up once a
+    stretch, not once a step."""
     num_seqs, ctx, length = run
     b = graph_padded_batch_size(num_seqs, model._gmax)
     base = model._coefs(b)[0]
-    d2, floor, coefs, length_coef = model._d2, model._decode_floor, model._length_coefs, model._length_coef
-    splits = model._splits
+    d2, floor, step = model._d2, model._decode_floor, float(num_seqs)
     times = [start]
     append = times.append
-    t = start
-    for _ in range(max_steps):
-        if t >= deadline:
-            break
-        coef = coefs.get((b, splits(b, ctx, length)))
-        if coef is None:
-            coef = length_coef(b, ctx, length)
-        s = base + d2 * ctx + coef * length
-        t = t + (s if s > floor else floor)
-        append(t)
-        ctx += num_seqs
-        length += 1
+    t, left = start, max_steps
+    while left > 0 and t < deadline:
+        splits, hold = model._split_run(b, ctx, length, num_seqs)
+        coef = model._split_length_coef(b, splits)
+        n = hold if hold < left else left
+        # counts as floats: integers, exact (as in the int * float of decode_step_time)
+        c, m = float(ctx), float(length)
+        if d2 >= 0.0 and coef >= 0.0 and base + d2 * c + coef * m > floor:
+            for _ in range(n):  # above the floor from the first step on: steps only grow
+                if t >= deadline:
+                    break
+                t = t + (base + d2 * c + coef * m)
+                append(t)
+                c += step
+                m += 1.0
+        else:
+            for _ in range(n):
+                if t >= deadline:
+                    break
+                s = base + d2 * c + coef * m
+                t = t + (s if s > floor else floor)
+                append(t)
+                c += step
+                m += 1.0
+        left -= n
+        ctx += n * num_seqs
+        length += n
     return times
 
 

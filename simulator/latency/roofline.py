@@ -20,7 +20,13 @@ from engine.config import (
     param_bytes,
     param_count,
 )
-from simulator.latency.base import BatchShape, LatencyModelBase, StepTime, decode_context_tokens
+from simulator.latency.base import (
+    BatchShape,
+    LatencyModelBase,
+    StepTime,
+    arange_int64,
+    decode_context_tokens,
+)
 from simulator.latency.gpus import GpuSpec, get_gpu
 
 
@@ -169,12 +175,12 @@ class RooflineModel(LatencyModelBase):
         return times
 
     def _decode_step_array(
-        self, num_seqs: int, num_context_tokens: np.ndarray, max_seq_len: np.ndarray
+        self, num_seqs: int, num_context_tokens: int, max_seq_len: int, num_steps: int
     ) -> np.ndarray:
         linear = self._t_decode_seq_flops * num_seqs
         if linear < self._t_weights:
             linear = self._t_weights
-        steps = (num_context_tokens + num_seqs) * self._t_decode_ctx
+        steps = arange_int64(num_context_tokens + num_seqs, num_steps, num_seqs) * self._t_decode_ctx
         # in place, in decode_step_time's order (a sum's two terms commute exactly)
         steps += linear
         steps += self._t_comm_fixed + self._t_comm_token * num_seqs

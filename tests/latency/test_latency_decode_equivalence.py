@@ -181,15 +181,15 @@ def test_steps_that_shrink_still_give_the_reference_times() -> None:
 
 
 def test_chunk_size_of_a_numpy_pass() -> None:
-    from simulator.latency.base import _arange, _chunk_size
+    from simulator.latency.base import _chunk_size, arange_int64
 
     assert _chunk_size(256, float("inf"), 0.002) == 256  # no deadline
     assert _chunk_size(256, 1.0, 0.002) == 256  # the deadline is 500 steps away
     assert _chunk_size(256, 0.2, 0.002) == 102  # 100 steps away: 100 + 2
     assert _chunk_size(256, 0.0001, 0.002) == 2
     assert _chunk_size(256, 0.2, 0.0) == 256  # no estimate from an empty step
-    assert _arange(10, 4, 3).tolist() == [10, 13, 16, 19]
-    assert _arange(7, 3, 0).tolist() == [7, 7, 7]
+    assert arange_int64(10, 4, 3).tolist() == [10, 13, 16, 19]
+    assert arange_int64(7, 3, 0).tolist() == [7, 7, 7]
 
 
 def test_decode_context_tokens_of_mixed_batches() -> None:
