@@ -438,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument(
         "--no-fail",
         action="store_true",
-        help="exit 0 even when the simulation is outside the targets (by default: exit status 1)",
+        help="exit 0 even when the simulation is outside the targets (by default: exit status 1; a "
+        "table of several runs or profiles always exits 0)",
     )
     val.set_defaults(func=cmd_validate)
     fit = sub.add_parser("fit", help="fit a latency profile on engine step records (metadata from --like)")
