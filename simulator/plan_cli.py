@@ -75,6 +75,11 @@ def _timed(
     return run
 
 
+def _check_workers(args: argparse.Namespace) -> None:
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers: must be a positive number of processes, got {args.workers}")
+
+
 def _check_plan_axes(args: argparse.Namespace) -> None:
     """Each value of --block-sizes, --max-num-seqs and --max-num-batched-tokens is one a
     configuration can take: an error naming the flag now, not an invalid row per option."""
@@ -127,6 +132,7 @@ def _interrupted(rows: list[dict], best: str) -> str:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from simulator.sweep import SweepSpec, run_sweep
 
+    _check_workers(args)
     spec = SweepSpec.load(args.spec)
     try:
         report = run_sweep(
@@ -150,7 +156,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from simulator.sweep import PointRunner, RunContext
 
     objectives = parse_objectives(args.slo)
-    if not args.rate > 0:
+    _check_workers(args)
+    if args.max_gpus < 1:
+        raise ValueError(f"--max-gpus: must be a positive number of GPUs, got {args.max_gpus}")
+    if not (math.isfinite(args.rate) and args.rate > 0):
         raise ValueError(f"--rate: must be a positive number of requests per second, got {args.rate}")
     trace = traces.scale_rate(load_trace_arg(args.trace, None, args.limit), target_rate=args.rate)
     gpus = args.gpus
@@ -201,6 +210,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from simulator.sweep import PointRunner, RunContext
 
     objectives = parse_objectives(args.slo)
+    _check_workers(args)
+    if not (math.isfinite(args.tolerance) and 0 < args.tolerance < 1):
+        raise ValueError(f"--tolerance: must be a ratio between 0 and 1 (e.g. 0.05), got {args.tolerance}")
+    if not (math.isfinite(args.max_scale) and args.max_scale >= 1):
+        raise ValueError(
+            f"--max-scale: must be at least 1 (the search starts at the trace's rate), got {args.max_scale}"
+        )
     sim_config_from_args(args)  # a bad flag is an error naming it now, not a failed search
     trace = load_trace_arg(args.trace, args.rate_scale, args.limit)
     if len(trace) < 2 or trace.duration_s <= 0:

@@ -280,3 +280,26 @@ def test_fit_like_that_is_not_a_profile(tmp_path, capsys):
         main(["fit", "--records", str(records), "--like", str(like), "--out", str(tmp_path / "o.json")]) == 2
     )
     assert f"--like: {like} is not a latency profile: a JSON list, not an object" in _err(capsys)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["plan", "--slo", "ttft=2s", "--rate", "inf"], "--rate: must be a positive number of requests"),
+        (["plan", "--slo", "ttft=2s", "--rate", "1", "--max-gpus", "0"], "--max-gpus: must be a positive"),
+        (["plan", "--slo", "ttft=2s", "--rate", "1", "--workers", "0"], "--workers: must be a positive"),
+        (
+            ["capacity", "--slo", "ttft=2s", "--tolerance", "0"],
+            "--tolerance: must be a ratio between 0 and 1",
+        ),
+        (["capacity", "--slo", "ttft=2s", "--max-scale", "0.5"], "--max-scale: must be at least 1"),
+        (["sweep", "spec.yaml", "--out", "x.parquet", "--workers", "0"], "--workers: must be a positive"),
+    ],
+)
+def test_search_flags_are_named_in_their_errors(capsys, argv, message):
+    assert main([*argv, "--quiet"]) == 2
+    err = _err(capsys)
+    assert message in err
+    assert not any(
+        f"error: {name}" in err for name in ("max_gpus", "workers", "tolerance", "start", "factor")
+    )
