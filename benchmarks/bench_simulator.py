@@ -1,79 +1,188 @@
-"""Simulator speed: the standard speed runs of BENCHMARKS.md, and a million-request memory run.
+"""Simulator speed: the shipped traces at their native rates and synthetic traces of growing size,
+each simulated in a process of its own so that its whole-process time and peak memory are its own.
 
-Replays azure_conv_2023 and azure_code_2023 at their native rates on one replica (H200, shipped
-Qwen3-0.6B profiles, block 16 and 256) and prints wall seconds and "x real time". With --million,
-also simulates a 1,000,000-request synthetic trace on 8 replicas and reports peak memory (RSS).
+Shipped traces (azure_conv_2023, azure_code_2023, mooncake_synthetic): one H200 replica, Qwen3-0.6B,
+the shipped profile of each block size, `kvplan simulate`'s defaults. Synthetic traces of 10,000 and
+100,000 requests (and 1,000,000 with --million): Poisson 60 req/s, 8 replicas, least-outstanding
+router, block 16. Per run: wall seconds of the whole process (interpreter start to exit: imports, the
+trace, the simulation, the summary) and of the loop (`run_simulation`), x real time and requests per
+second of the loop, peak RSS; then the exponent b of a least-squares fit cost = a * requests^b over
+the synthetic runs (1.0: linear).
 
-    python benchmarks/bench_simulator.py [--million] [--block-sizes 16,256]
+    python benchmarks/bench_simulator.py [--async-scheduling] [--block-sizes 16,256] [--repeat N]
+        [--million | --million-only] [--no-synthetic]
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import json
+import math
+import os
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ("azure_conv_2023", "azure_code_2023", "mooncake_synthetic")
+SYNTHETIC_SIZES = (10_000, 100_000)
+MILLION = 1_000_000
+SYNTHETIC = {  # traces.generate keywords of the synthetic runs (with num_requests)
+    "rate": 60.0,
+    "seed": 1,
+    "prompt": {"kind": "lognormal", "p50": 1000, "p90": 2700, "max": 8000},
+    "output": {"kind": "lognormal", "p50": 130, "p90": 420, "max": 1000},
+}
+SYNTHETIC_REPLICAS = 8
 
-import traces  # noqa: E402
-from simulator.cli import default_profile  # noqa: E402
-from simulator.config import SimConfig  # noqa: E402
-from simulator.models import resolve_model  # noqa: E402
-from simulator.run import run_simulation  # noqa: E402
+
+@dataclass(frozen=True)
+class Case:
+    """One simulation: a shipped trace by name, or a synthetic one of `num_requests`."""
+
+    label: str
+    trace: str | None = None
+    num_requests: int = 0
+    block_size: int = 16
+    num_replicas: int = 1
+    async_scheduling: bool = False
+
+    def as_json(self) -> str:
+        return json.dumps(self.__dict__)
 
 
-def one(trace, block_size: int, replicas: int = 1) -> tuple[float, float, dict]:
+@dataclass(frozen=True)
+class Measured:
+    """What one child process reported, and its whole-process wall time and peak RSS."""
+
+    case: Case
+    requests: int
+    duration_s: float
+    loop_s: float
+    steps: int
+    process_s: float
+    peak_rss_bytes: int
+
+
+# ---- the child: one simulation, as `kvplan simulate --quiet` runs it -------------------------------
+def run_child(case: Case) -> dict:
+    """Simulate `case` in this process; the loop's figures as a dict."""
+    sys.path.insert(0, str(ROOT))
+    import traces
+    from simulator.cli import default_profile
+    from simulator.config import SimConfig
+    from simulator.models import resolve_model
+    from simulator.report import format_summary
+    from simulator.run import run_simulation
+
+    if case.trace is not None:
+        trace = traces.load_shipped(case.trace)
+    else:
+        trace = traces.generate(num_requests=case.num_requests, name=case.label, **SYNTHETIC)
     config = SimConfig(
         model=resolve_model("qwen3-0.6b"),
-        block_size=block_size,
-        num_replicas=replicas,
-        router="least_outstanding",
+        block_size=case.block_size,
+        num_replicas=case.num_replicas,
+        router="least_outstanding" if case.num_replicas > 1 else "round_robin",
+        async_scheduling=case.async_scheduling,
     )
-    profile = default_profile("qwen3-0.6b", "H200", block_size, 1)
-    t0, c0 = time.perf_counter(), time.process_time()
+    profile = default_profile("qwen3-0.6b", "H200", case.block_size, 1, case.async_scheduling)
+    t0 = time.perf_counter()
     result = run_simulation(trace, config, profile=profile)
-    return time.perf_counter() - t0, time.process_time() - c0, result.summary
+    loop_s = time.perf_counter() - t0
+    format_summary(result.summary)  # what the command prints, not shown here
+    s = result.summary
+    return {"requests": len(trace), "duration_s": s["duration_s"], "loop_s": loop_s, "steps": s["sim_steps"]}
+
+
+# ---- the parent: one process per run ----------------------------------------------------------------
+def measure(case: Case) -> Measured:
+    """Run `case` in a fresh interpreter: its report, wall time from start to exit, peak RSS."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", case.as_json()]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=ROOT)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    process_s = time.perf_counter() - t0
+    proc.stdout.close()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{case.label}: the simulation process exited with {code}")
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    return Measured(case, process_s=process_s, peak_rss_bytes=usage.ru_maxrss * 1024, **report)
+
+
+def best_of(case: Case, repeat: int) -> Measured:
+    """The run with the least loop time of `repeat` (the machine's noise only adds time)."""
+    return min((measure(case) for _ in range(repeat)), key=lambda m: m.loop_s)
+
+
+def fitted_exponent(requests: list[int], costs: list[float]) -> float:
+    """b of the least-squares fit log(cost) = log(a) + b * log(requests)."""
+    xs, ys = [math.log(r) for r in requests], [math.log(c) for c in costs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    async_ = args.async_scheduling
+    tag = ", async" if async_ else ""
+    out: list[Case] = []
+    if not args.million_only:
+        for name in SHIPPED:
+            for bs in (int(b) for b in args.block_sizes.split(",")):
+                out.append(
+                    Case(f"{name} block {bs}{tag}", trace=name, block_size=bs, async_scheduling=async_)
+                )
+    sizes = () if args.no_synthetic else SYNTHETIC_SIZES
+    sizes = (MILLION,) if args.million_only else sizes + ((MILLION,) if args.million else ())
+    for n in sizes:
+        label = f"synthetic {n:,}, {SYNTHETIC_REPLICAS} replicas{tag}"
+        out.append(Case(label, num_requests=n, num_replicas=SYNTHETIC_REPLICAS, async_scheduling=async_))
+    return out
+
+
+def print_table(rows: list[Measured]) -> None:
+    print(
+        f"{'run':<42}{'requests':>10}{'process s':>11}{'loop s':>9}{'x real':>9}"
+        f"{'req/s':>10}{'steps':>13}{'peak RSS':>10}"
+    )
+    for m in rows:
+        print(
+            f"{m.case.label:<42}{m.requests:>10,}{m.process_s:>11.2f}{m.loop_s:>9.2f}"
+            f"{m.duration_s / m.loop_s:>9,.0f}{m.requests / m.loop_s:>10,.0f}{m.steps:>13,}"
+            f"{m.peak_rss_bytes / 2**30:>8.2f} GiB"
+        )
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--block-sizes", default="16,256")
-    p.add_argument("--million", action="store_true", help="also the 1e6-request, 8-replica memory run")
-    p.add_argument("--million-only", action="store_true", help="only the 1e6-request run")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--block-sizes", default="16", help="block sizes of the shipped-trace runs")
+    p.add_argument("--async-scheduling", action="store_true", help="simulate async scheduling")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each case; the fastest loop is shown")
+    p.add_argument("--million", action="store_true", help="also the 1,000,000-request run (minutes)")
+    p.add_argument("--million-only", action="store_true", help="only the 1,000,000-request run")
+    p.add_argument("--no-synthetic", action="store_true", help="only the shipped traces")
+    p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.child:
+        print(json.dumps(run_child(Case(**json.loads(args.child)))))
+        return
     rows = []
-    for name in () if args.million_only else ("azure_conv_2023", "azure_code_2023"):
-        trace = traces.load_shipped(name)
-        for bs in (int(b) for b in args.block_sizes.split(",")):
-            wall, cpu, s = one(trace, bs)
-            rows.append((f"{name} block {bs}", len(trace), wall, cpu, s["duration_s"] / wall, s["sim_steps"]))
-    if args.million or args.million_only:
-        trace = traces.generate(
-            num_requests=1_000_000,
-            rate=60.0,
-            seed=1,
-            name="synthetic-1m",
-            prompt={"kind": "lognormal", "p50": 1000, "p90": 2700, "max": 8000},
-            output={"kind": "lognormal", "p50": 130, "p90": 420, "max": 1000},
+    for case in cases(args):
+        rows.append(best_of(case, args.repeat))
+        print(f"  {case.label}: loop {rows[-1].loop_s:.2f} s", file=sys.stderr, flush=True)
+    print_table(rows)
+    synthetic = [m for m in rows if m.case.trace is None]
+    if len(synthetic) >= 2:
+        n = [m.requests for m in synthetic]
+        loop = fitted_exponent(n, [m.loop_s for m in synthetic])
+        process = fitted_exponent(n, [m.process_s for m in synthetic])
+        print(
+            f"cost ~ requests^b over the synthetic runs: loop b = {loop:.3f}, whole process b = {process:.3f}"
         )
-        wall, cpu, s = one(trace, 16, replicas=8)
-        rows.append(
-            (
-                "synthetic 1M, 8 replicas, block 16",
-                len(trace),
-                wall,
-                cpu,
-                s["duration_s"] / wall,
-                s["sim_steps"],
-            )
-        )
-    print(f"{'run':<38}{'requests':>10}{'wall s':>9}{'cpu s':>9}{'x real':>9}{'steps':>12}")
-    for name, n, wall, cpu, speed, steps in rows:
-        print(f"{name:<38}{n:>10,}{wall:>9.2f}{cpu:>9.2f}{speed:>9,.0f}{steps:>12,}")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"peak RSS {peak:.2f} GiB")
 
 
 if __name__ == "__main__":
