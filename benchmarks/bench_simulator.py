@@ -5,9 +5,10 @@ Shipped traces (azure_conv_2023, azure_code_2023, mooncake_synthetic): one H200 
 the shipped profile of each block size, `kvplan simulate`'s defaults. Synthetic traces of 10,000 and
 100,000 requests (and 1,000,000 with --million): Poisson 60 req/s, 8 replicas, least-outstanding
 router, block 16. Per run: wall seconds of the whole process (interpreter start to exit: imports, the
-trace, the simulation, the summary) and of the loop (`run_simulation`), x real time and requests per
-second of the loop, peak RSS; then the exponent b of a least-squares fit cost = a * requests^b over
-the synthetic runs (1.0: linear).
+trace, the simulation, the summary) and of the loop (`run_simulation`), each with its CPU seconds
+(steadier than wall time on a shared machine), x real time and requests per second of the loop,
+peak RSS; then the exponent b of a least-squares fit cost = a * requests^b over the synthetic runs
+(1.0: linear).
 
     python benchmarks/bench_simulator.py [--async-scheduling] [--block-sizes 16,256] [--repeat N]
         [--million | --million-only] [--no-synthetic]
@@ -61,8 +62,10 @@ class Measured:
     requests: int
     duration_s: float
     loop_s: float
+    loop_cpu_s: float
     steps: int
     process_s: float
+    process_cpu_s: float
     peak_rss_bytes: int
 
 
@@ -89,12 +92,18 @@ def run_child(case: Case) -> dict:
         async_scheduling=case.async_scheduling,
     )
     profile = default_profile("qwen3-0.6b", "H200", case.block_size, 1, case.async_scheduling)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = run_simulation(trace, config, profile=profile)
-    loop_s = time.perf_counter() - t0
+    loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     format_summary(result.summary)  # what the command prints, not shown here
     s = result.summary
-    return {"requests": len(trace), "duration_s": s["duration_s"], "loop_s": loop_s, "steps": s["sim_steps"]}
+    return {
+        "requests": len(trace),
+        "duration_s": s["duration_s"],
+        "loop_s": loop_s,
+        "loop_cpu_s": loop_cpu_s,
+        "steps": s["sim_steps"],
+    }
 
 
 # ---- the parent: one process per run ----------------------------------------------------------------
@@ -111,7 +120,10 @@ def measure(case: Case) -> Measured:
     if code != 0:
         raise SystemExit(f"{case.label}: the simulation process exited with {code}")
     report = json.loads(out.decode().strip().splitlines()[-1])
-    return Measured(case, process_s=process_s, peak_rss_bytes=usage.ru_maxrss * 1024, **report)
+    cpu_s = usage.ru_utime + usage.ru_stime
+    return Measured(
+        case, process_s=process_s, process_cpu_s=cpu_s, peak_rss_bytes=usage.ru_maxrss * 1024, **report
+    )
 
 
 def best_of(case: Case, repeat: int) -> Measured:
@@ -146,14 +158,14 @@ def cases(args: argparse.Namespace) -> list[Case]:
 
 def print_table(rows: list[Measured]) -> None:
     print(
-        f"{'run':<42}{'requests':>10}{'process s':>11}{'loop s':>9}{'x real':>9}"
-        f"{'req/s':>10}{'steps':>13}{'peak RSS':>10}"
+        f"{'run':<42}{'requests':>10}{'process s':>11}{'(cpu)':>7}{'loop s':>8}{'(cpu)':>7}"
+        f"{'x real':>8}{'req/s':>8}{'steps':>12}{'peak RSS':>11}"
     )
     for m in rows:
         print(
-            f"{m.case.label:<42}{m.requests:>10,}{m.process_s:>11.2f}{m.loop_s:>9.2f}"
-            f"{m.duration_s / m.loop_s:>9,.0f}{m.requests / m.loop_s:>10,.0f}{m.steps:>13,}"
-            f"{m.peak_rss_bytes / 2**30:>8.2f} GiB"
+            f"{m.case.label:<42}{m.requests:>10,}{m.process_s:>11.2f}{m.process_cpu_s:>7.2f}"
+            f"{m.loop_s:>8.2f}{m.loop_cpu_s:>7.2f}{m.duration_s / m.loop_s:>8,.0f}"
+            f"{m.requests / m.loop_s:>8,.0f}{m.steps:>12,}{m.peak_rss_bytes / 2**30:>7.2f} GiB"
         )
 
 
