@@ -379,6 +379,7 @@ SUMMARY_COLUMNS = (
     ("queue max", "queue_len_max", 1),
     ("finished", "num_finished", 1),
     ("rejected", "num_rejected", 1),
+    ("steps outside fit", "steps_outside_fit_share", 1.0),  # share priced beyond the profile's records
 )
 # Objective name -> (column, True if larger is better).
 OBJECTIVES = {

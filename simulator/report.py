@@ -36,6 +36,21 @@ def _latency(s: dict) -> str:
     return text
 
 
+def _extrapolation(s: dict) -> str:
+    """How many steps the fitted profile priced outside the ranges of its step records."""
+    outside = s.get("steps_outside_fit")
+    if outside is None:
+        return (
+            "not checked (" + ("roofline" if s.get("latency_model") == "roofline" else "no fit ranges") + ")"
+        )
+    text = f"{outside:,} of {s['sim_steps']:,} steps ({s.get('steps_outside_fit_share') or 0.0:.1%}) outside the fit's ranges"
+    if outside:
+        text += (
+            f" (decode {s['decode_steps_outside_fit']:,}, prefill/mixed {s['prefill_steps_outside_fit']:,})"
+        )
+    return text + f"; {s['fit_ranges']}"
+
+
 def format_counts(s: dict) -> str:
     """Finished requests (truncated ones among them) and, apart, those rejected at arrival, by reason."""
     text = f"{s['num_finished']:,} of {s['num_requests']:,} ({s['num_truncated']:,} of them truncated)"
@@ -78,6 +93,7 @@ def format_summary(s: dict) -> str:
     if "kv_usage_max" in s:
         lines.append(f"KV usage         mean {s['kv_usage_mean']:.1%}, max {s['kv_usage_max']:.1%}")
         lines.append(f"queue length     max {s['queue_len_max']:,}")
+    lines.append(f"extrapolation    {_extrapolation(s)}")
     if "goodput_rps" in s:
         lines.append(f"SLO attainment   {s['slo_attainment']:.1%} (goodput {s['goodput_rps']:,.2f} req/s)")
     return "\n".join(lines)

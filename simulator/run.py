@@ -108,6 +108,10 @@ def collect(run: SimRun, slo: SLO | None = None) -> SimResult:
         config=config_dict(run.config),
         **run.extra,
     )
+    outside = summary.get("steps_outside_fit")
+    summary["steps_outside_fit_share"] = (
+        outside / summary["sim_steps"] if outside is not None and steps + ff_steps else None
+    )
     return SimResult(run.config, requests, timeline, summary, itl)
 
 
@@ -138,12 +142,40 @@ def simulate_config(
     if latency is None:
         latency = load_latency(config, profile)
     num_blocks = kv_blocks_for(config)
+    counting = counting_model(latency)
     with relaxed_gc():
-        run = simulate(trace, config, latency, num_blocks, progress=progress, prompts=prompts)
+        run = simulate(trace, config, counting or latency, num_blocks, progress=progress, prompts=prompts)
     run.extra.update(latency_provenance(latency, profile))
+    run.extra.update(extrapolation(counting))
     run.extra["kv_blocks_source"] = "config" if config.num_kv_blocks is not None else "gpu_memory"
     run.latency = latency
     return run
+
+
+def counting_model(latency: LatencyModel):
+    """`latency` wrapped to count the steps priced outside its profile's fit ranges
+    (`simulator.latency.ranges`), or None when it is no fitted profile or its ranges are unknown."""
+    from simulator.latency.base import LatencyModelBase
+    from simulator.latency.ranges import CountingModel, profile_fit_ranges
+
+    prof = getattr(latency, "profile", None)
+    if prof is None or not isinstance(latency, LatencyModelBase):
+        return None
+    ranges = profile_fit_ranges(prof)
+    return CountingModel(latency, ranges) if ranges is not None else None
+
+
+def extrapolation(counting) -> dict:
+    """Summary entries of a run's steps outside the profile's fit ranges (None: not checked)."""
+    if counting is None:
+        return {"steps_outside_fit": None, "fit_ranges": None}
+    count = counting.count
+    return {
+        "steps_outside_fit": count.total,
+        "decode_steps_outside_fit": count.decode,
+        "prefill_steps_outside_fit": count.prefill,
+        "fit_ranges": f"{counting.ranges.source}: {counting.ranges.describe()}",
+    }
 
 
 def latency_kind(latency: LatencyModel) -> str:

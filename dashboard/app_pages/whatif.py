@@ -31,6 +31,7 @@ FORMATS = {
     "output tok/s": "{:,.0f}",
     "prefix hit rate": "{:.1%}",
     "KV usage max": "{:.1%}",
+    "steps outside fit": "{:.1%}",
     "$/h": "${:,.2f}",
     "$/M output tokens": "${:,.2f}",
     "SLO attainment": "{:.1%}",

@@ -28,6 +28,7 @@ from simulator.latency.fitted import (
     fit_step_records,
 )
 from simulator.latency.gpus import GpuSpec, canonical_gpu_name
+from simulator.latency.ranges import FitRanges
 from simulator.latency.roofline import RooflineEfficiency, RooflineModel
 
 PROFILE_FORMAT = "kvplan.latency_profile"
@@ -328,7 +329,14 @@ def fit_profile(
         num_kv_blocks=num_kv_blocks,
         created=created,
         # the fit's own settings win over provenance copied from another profile (`kvplan fit --like`)
-        extra={**(extra or {}), "seed": seed, "holdout_fraction": holdout_fraction, "loss": loss},
+        extra={
+            **(extra or {}),
+            "seed": seed,
+            "holdout_fraction": holdout_fraction,
+            "loss": loss,
+            # what the fit saw, for the simulator's extrapolation count (simulator/latency/ranges.py)
+            "fit_ranges": FitRanges.of_records(records, str((extra or {}).get("records", ""))).as_dict(),
+        },
     )
 
 

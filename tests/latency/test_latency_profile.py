@@ -46,7 +46,26 @@ def test_metadata(profile: LatencyProfile, model: ModelSpec) -> None:
     assert (profile.tp, profile.block_size, profile.dtype) == (1, 256, "bfloat16")  # tp, block from records
     assert (profile.num_kv_blocks, profile.max_graph_batch_size, profile.num_records) == (4516, 256, 697)
     assert profile.target == "gpu_time_s"
-    assert profile.extra == {"seed": 0, "holdout_fraction": 0.25, "loss": "absolute"}
+    assert profile.extra == {
+        "seed": 0,
+        "holdout_fraction": 0.25,
+        "loss": "absolute",
+        "fit_ranges": {  # the largest figures of the records, per step kind (simulator/latency/ranges.py)
+            "decode": {
+                "num_seqs": 256,
+                "num_context_tokens": 494265,
+                "max_seq_len": 7998,
+                "total_num_scheduled_tokens": 256,
+            },
+            "prefill": {
+                "num_seqs": 128,
+                "num_context_tokens": 215393,
+                "max_seq_len": 5882,
+                "total_num_scheduled_tokens": 34944,
+            },
+            "source": "",
+        },
+    }
     assert profile.decode.error is not None and profile.decode.error.median_rel_error < 0.012
     assert (profile.split_kv.num_kv_heads, profile.split_kv.num_sms) == (8, 132)
     assert profile.to_latency_model().split_kv == profile.split_kv
