@@ -649,6 +649,7 @@ def plan_candidates(result: Any) -> pd.DataFrame:
                 "TPOT p99 (ms)": row["tpot_p99_s"] * 1e3 if row.get("tpot_p99_s") is not None else None,
                 "E2E p99 (s)": row.get("e2e_p99_s"),
                 "latency model": plan.row_latency(row) if c.row else None,
+                "steps outside fit": row.get("steps_outside_fit_share"),
                 "why": c.reason,
             }
         )

@@ -159,6 +159,15 @@ def row_latency(row: Mapping[str, Any] | None) -> str:
     return latency_label(_latency_kind(row), profile if isinstance(profile, str) else None)
 
 
+def row_trust(row: Mapping[str, Any] | None) -> str:
+    """How far a fitted row extrapolates: '; 29.6% of steps outside the fit' ('' when none is, or
+    the share is unknown)."""
+    share = (row or {}).get("steps_outside_fit_share")
+    if not isinstance(share, (int, float)) or math.isnan(share) or share <= 0:
+        return ""
+    return f"; {share:.1%} of steps outside the fit"
+
+
 def _latency_kind(row: Mapping[str, Any] | None) -> str | None:
     """A row's `latency_model`, None where it has none (an error row; NaN once read from Parquet)."""
     kind = (row or {}).get("latency_model")
@@ -521,7 +530,7 @@ def format_plan(
     if best is not None:
         lines.append(
             f"Best: {best.replicas} x ({best.option}) = {best.num_gpus} GPUs, {format_usd(best.cost_per_hour)}/h"
-            f" [{row_latency(best.row)}]"
+            f" [{row_latency(best.row)}{row_trust(best.row)}]"
         )
         lines.append("  " + _metrics_line(best, result.objectives))
     else:
@@ -530,7 +539,7 @@ def format_plan(
             c = result.closest
             lines.append(
                 f"  closest: {c.replicas} x ({c.option}), {format_usd(c.cost_per_hour)}/h "
-                f"[{row_latency(c.row)}]: {describe_violations(c.failed)}"
+                f"[{row_latency(c.row)}{row_trust(c.row)}]: {describe_violations(c.failed)}"
             )
     rest = [c for c in result.candidates if c is not best]
     shown = rest if max_alternatives is None else rest[:max_alternatives]
@@ -539,7 +548,7 @@ def format_plan(
         for c in shown:
             size = f"{c.replicas} x " if c.replicas else ""
             cost = f" {format_usd(c.cost_per_hour)}/h" if c.cost_per_hour is not None else ""
-            latency = f" [{row_latency(c.row)}]" if c.row else ""
+            latency = f" [{row_latency(c.row)}{row_trust(c.row)}]" if c.row else ""
             lines.append(f"  [{c.status}] {size}({c.option}){cost}{latency}: {c.reason}")
         if len(shown) < len(rest):
             lines.append(f"  ... and {len(rest) - len(shown)} more")
@@ -703,7 +712,9 @@ def format_capacity(result: CapacityResult, what: str = "") -> str:
     objs = ", ".join(str(o) for o in result.objectives)
     s = result.search
     lines = [f"Capacity{' of ' + what if what else ''} under {objs}"]
-    lines.append(f"  latency: {describe_latency([r for r in (result.row, result.fail_row) if r])}")
+    lines.append(
+        f"  latency: {describe_latency([r for r in (result.row, result.fail_row) if r])}{row_trust(result.row)}"
+    )
     lines.append(f"  trace native rate {result.base_rate:.3g} req/s; {len(s.evaluations)} simulations")
     if s.lo is None:
         fail = violations(result.fail_row or {}, result.objectives) if result.fail_row else []

@@ -26,6 +26,7 @@ CANDIDATE_FORMATS = {
     "TTFT p99 (s)": "{:,.3f}",
     "TPOT p99 (ms)": "{:,.1f}",
     "E2E p99 (s)": "{:,.2f}",
+    "steps outside fit": "{:.1%}",
 }
 
 

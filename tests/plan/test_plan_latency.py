@@ -149,3 +149,30 @@ def test_capacity_names_its_latency_model(capsys):
     ]
     assert run(argv) == 0
     assert "\n  latency: fitted qwen3-0.6b_h200_tp1_bs16.json\n" in capsys.readouterr().out
+
+
+def test_rows_say_how_far_they_extrapolate():
+    fitted = {"latency_model": "fitted", "profile": "a.json", "steps_outside_fit_share": 0.296}
+    assert plan.row_trust(fitted) == "; 29.6% of steps outside the fit"
+    assert plan.row_trust({**fitted, "steps_outside_fit_share": 0.0}) == ""
+    assert plan.row_trust({"latency_model": "roofline", "steps_outside_fit_share": None}) == ""
+    assert plan.row_trust({"steps_outside_fit_share": math.nan}) == ""  # read back from Parquet
+
+    def evaluate(points):  # meets ttft_p99<=1s up to 4x the trace's rate
+        return [
+            {
+                **fitted,
+                "num_requests": 10,
+                "num_finished": 10,
+                "ttft_p99_s": p["rate_scale"] / 4,
+                "output_tok_s": 100.0,
+            }
+            for p in points
+        ]
+
+    result = plan.find_capacity(
+        evaluate, {"gpu": "H200"}, plan.parse_objectives("ttft_p99=1s"), 2.0, max_scale=8
+    )
+    lines = plan.format_capacity(result).splitlines()
+    assert lines[1] == "  latency: fitted a.json; 29.6% of steps outside the fit"
+    assert "max sustainable rate: 8 req/s (4x the trace" in lines[3]
