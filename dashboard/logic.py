@@ -576,6 +576,7 @@ class PlanOutcome:
     result: Any  # simulator.plan.PlanResult
     points: pd.DataFrame
     num_requests: int
+    latency_note: str | None = None  # why every option ran on the roofline (None: they did not need to)
 
 
 def run_plan(
@@ -593,15 +594,32 @@ def run_plan(
     base: Mapping[str, Any] | None = None,
     executor: Executor | None = None,
     on_wave: Callable[[int, int], None] | None = None,
+    mix_latency_models: bool = False,
 ) -> PlanOutcome:
     """Cheapest configuration serving `trace` rescaled to `rate` req/s within `objectives`
-    (`simulator.plan.find_plan` over `plan_options`), plus a table of every point it simulated."""
+    (`simulator.plan.find_plan` over `plan_options`), plus a table of every point it simulated.
+    Like `kvplan plan`, it compares like with like (`simulator.plan.like_with_like`): when only
+    some options have a fitted profile, all run on the roofline unless `mix_latency_models`."""
     scaled = traces.scale_rate(trace, target_rate=rate)
-    ctx = sweep.RunContext(scaled, model_key, latency_choice, objectives_text(objectives), trace.name)
-    evaluate, rows = point_evaluator(ctx, executor, on_wave)
     options = plan.plan_options(gpus, tps, block_sizes, max_num_seqs, max_num_batched_tokens)
+    async_scheduling = bool((base or {}).get("async_scheduling", False))
+    choice, note = plan.like_with_like(
+        options, latency_choice, model_key, async_scheduling, mix_latency_models
+    )
+    if note is not None and not mix_latency_models:
+        labels = plan.option_latency(options, latency_choice, model_key, async_scheduling)
+        fitted = [f"{o} ({label})" for o, label in labels.items() if label != "roofline"]
+        note = (
+            f"Only {len(fitted)} of {len(labels)} options have a shipped fitted profile ({'; '.join(fitted)}): "
+            "every option was simulated on the roofline, to compare like with like. Turn on Mix latency "
+            "models to keep the profiles."
+        )
+    else:
+        note = None  # a mix is shown by the rows' own banner (plan_latency_warning)
+    ctx = sweep.RunContext(scaled, model_key, choice, objectives_text(objectives), trace.name)
+    evaluate, rows = point_evaluator(ctx, executor, on_wave)
     result = plan.find_plan(evaluate, options, objectives, max_gpus, rate, dict(base or {}))
-    return PlanOutcome(result, plan_points(rows, objectives), len(scaled))
+    return PlanOutcome(result, plan_points(rows, objectives), len(scaled), note)
 
 
 def plan_points(rows: Sequence[Mapping[str, Any]], objectives: Sequence[Any]) -> pd.DataFrame:

@@ -46,6 +46,7 @@ def cached_plan(
     tokens: tuple[int, ...],
     max_gpus: int,
     router: str,
+    mix_latency_models: bool,
 ) -> logic.PlanOutcome:
     """`logic.run_plan`, cached on everything but the trace object and the worker pool."""
     objectives = logic.plan_objectives(*limits)
@@ -63,6 +64,7 @@ def cached_plan(
         max_gpus,
         {"router": router},
         _executor,
+        mix_latency_models=mix_latency_models,
     )
 
 
@@ -89,6 +91,14 @@ with st.form("cap_form"):
                 "auto": "auto: shipped fitted profile where one matches, else roofline"
             }.get(o, "roofline (analytic)"),
             key="cap_latency",
+        )
+        mix = st.toggle(
+            "Mix latency models",
+            value=False,
+            key="cap_mix",
+            help="Simulate each option on the shipped fitted profile where there is one and on the roofline "
+            "elsewhere. Off (kvplan plan's default): when only some options have a profile, every option "
+            "runs on the roofline, so the ranking compares like with like.",
         )
     c = st.columns(4)
     rate = c[0].number_input("Target rate (req/s)", 0.01, 100_000.0, 60.0, key="cap_rate")
@@ -162,6 +172,7 @@ with st.spinner(f"Planning on {len(trace):,} requests at {rate:g} req/s…"):
                 tokens,
                 int(max_gpus),
                 router,
+                bool(mix),
             )
         )
     except ValueError as e:
@@ -173,6 +184,8 @@ st.caption(
     f"(window {window:g} s of {full_trace.name} at {rate:g} req/s) in {time.perf_counter() - t0:.1f} s; cached."
 )
 
+if outcome.latency_note:
+    st.info(outcome.latency_note)
 mixed = logic.plan_latency_warning(result)
 if mixed:
     st.warning(

@@ -254,6 +254,38 @@ def test_run_plan_finds_the_cheapest_configuration():
     assert any(t.name == "recommended" for t in fig.data)
 
 
+def test_run_plan_compares_like_with_like_unless_asked_to_mix():
+    trace = logic.prepare_trace(small_trace(100, rate_scale=1.0), 20.0)
+    args = dict(
+        rate=4.0,
+        gpus=["H100-SXM", "H200-SXM"],
+        tps=[1],
+        block_sizes=[16],
+        max_num_seqs=[256],
+        max_num_batched_tokens=[16384],
+        max_gpus=1,
+    )
+    objectives = logic.plan_objectives(5.0, None, None)
+    out = logic.run_plan(trace, "qwen3-0.6b", logic.LATENCY_AUTO, objectives, **args)
+    assert out.latency_note == (
+        "Only 1 of 2 options have a shipped fitted profile (H200-SXM tp=1 block=16 seqs=256 "
+        "batched_tokens=16384 (fitted qwen3-0.6b_h200_tp1_bs16.json)): every option was simulated on the "
+        "roofline, to compare like with like. Turn on Mix latency models to keep the profiles."
+    )
+    assert list(logic.plan_candidates(out.result)["latency model"]) == ["roofline", "roofline"]
+    assert logic.plan_latency_warning(out.result) is None
+    mixed = logic.run_plan(
+        trace, "qwen3-0.6b", logic.LATENCY_AUTO, objectives, **args, mix_latency_models=True
+    )
+    assert mixed.latency_note is None
+    assert set(logic.plan_candidates(mixed.result)["latency model"].dropna()) <= {
+        "roofline",
+        "fitted qwen3-0.6b_h200_tp1_bs16.json",
+    }
+    assert sorted(mixed.points["latency model"]) == ["fitted qwen3-0.6b_h200_tp1_bs16.json", "roofline"]
+    assert logic.plan_latency_warning(mixed.result).startswith("warning: these results come from different")
+
+
 # ---- sim vs real -----------------------------------------------------------------------------------
 
 

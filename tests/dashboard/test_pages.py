@@ -155,6 +155,25 @@ def test_capacity_plan():
     assert any("No configuration meets" in t for t in texts(at.warning))
 
 
+def test_capacity_plan_compares_like_with_like_unless_mixed():
+    at = app_on("capacity")
+    at.number_input(key="cap_window").set_value(20.0)
+    at.number_input(key="cap_rate").set_value(6.0)
+    at.multiselect(key="cap_tps").set_value([1])
+    button(at, "Plan").click().run()
+    no_exceptions(at)
+    assert any(
+        "every option was simulated on the roofline, to compare like with like" in t for t in texts(at.info)
+    )
+    assert set(frame(at, "why")["latency model"]) == {"roofline"}
+    assert not any("different latency models" in t for t in texts(at.warning))
+    at.toggle(key="cap_mix").set_value(True)
+    button(at, "Plan").click().run()
+    no_exceptions(at)
+    assert any("different latency models" in t for t in texts(at.warning))
+    assert "fitted qwen3-8b_h200_tp1_bs16.json" in set(frame(at, "why")["latency model"])
+
+
 def test_capacity_rejects_no_objective():
     at = app_on("capacity")
     at.number_input(key="cap_ttft").set_value(0.0)
