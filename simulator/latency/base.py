@@ -18,7 +18,7 @@ from engine.scheduler import ScheduledBatch, accumulate_decode_times
 KINDS = ("prefill", "decode", "mixed", "empty")
 # `decode_step_times`: passes of up to _SCALAR_STEPS steps go step by step, longer ones to numpy, in
 # passes of growing size.
-_SCALAR_STEPS = 64
+_SCALAR_STEPS = 128
 _FIRST_CHUNK = 256
 _MAX_CHUNK = 4096
 
