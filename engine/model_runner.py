@@ -19,7 +19,7 @@ import torch
 
 from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
-from engine.config import ModelSpec, cdiv, num_kv_blocks
+from engine.config import ModelSpec, cdiv, kv_cache_bytes, num_kv_blocks
 from engine.envs import KernelConfig
 from engine.kv_cache import KVCache
 from engine.layers import argmax, gemv, graph_inputs, head_argmax, pdl, triton_ops
@@ -33,7 +33,6 @@ from engine.scheduler import ScheduledBatch, make_batch
 from engine.sequence import SamplingParams, Sequence
 
 DEFAULT_CPU_KV_BLOCKS = 512
-GRAPH_MEMORY_RESERVE = 512 << 20  # bytes kept back for the decode graphs' memory pool
 
 
 def layer_impl(device: torch.device, requested: str | None = "auto") -> str:
@@ -268,13 +267,18 @@ class ModelRunner:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
         non_torch = (total - free) - torch.cuda.memory_reserved()
-        budget = total * utilization - non_torch - torch.cuda.memory_allocated() - activation
-        if not enforce_eager:
-            budget -= GRAPH_MEMORY_RESERVE
-        if self.use_prefill_graphs:  # the piecewise graphs' pool holds about one step's activations
-            budget -= activation
+        # the piecewise graphs' pool holds about one step's activations (see `kv_cache_bytes`)
+        budget = kv_cache_bytes(
+            total,
+            utilization,
+            torch.cuda.memory_allocated(),
+            activation,
+            other_bytes=non_torch,
+            cuda_graphs=not enforce_eager,
+            prefill_graphs=self.use_prefill_graphs,
+        )
         spec = dataclasses.replace(self.spec, dtype=str(self.dtype).removeprefix("torch."))
-        blocks = num_kv_blocks(spec, int(budget), self.block_size, self.tp_size)
+        blocks = num_kv_blocks(spec, budget, self.block_size, self.tp_size)
         if blocks <= 0:
             raise RuntimeError(
                 f"no memory left for the KV cache: {total * utilization / 2**30:.1f} GiB usable, weights "
