@@ -290,6 +290,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from simulator.validate import format_table, validate_run, write_report
 
     check_out_dir(args.out)
+    if args.suite:
+        return validate_suite(args)
     if len(args.real) > 1 or len(args.profile) > 1:
         return validate_many(args)
     v = validate_run(args.real[0], validate_profile(args.profile[0], args.real[0]), args.repeat)
@@ -297,6 +299,29 @@ def cmd_validate(args: argparse.Namespace) -> int:
     out = write_report(v, args.out or Path("validation") / Path(args.real[0]).resolve().name)
     print(f"\nwrote {out}/report.html; {'within' if v.passed else 'OUTSIDE'} the targets")
     return 0 if v.passed or args.no_fail else 1
+
+
+def validate_suite(args: argparse.Namespace) -> int:
+    """The fidelity scoreboard of a suite (simulator/scoreboard.py); its tables as CSV with --out."""
+    from simulator.scoreboard import format_scoreboard, load_suite, run_suite
+
+    if args.repeat is not None or len(args.profile) > 1:
+        print("kvplan validate: --suite takes at most one --profile and no --repeat", file=sys.stderr)
+        return 2
+    suite = load_suite(args.suite)
+    choice = "auto" if args.profile == [None] else args.profile[0]
+    fixed = None if choice == "auto" else validate_profile(choice, suite.replays[0].run)
+    rows, families = run_suite(
+        suite, lambda run: validate_profile("auto", run) if choice == "auto" else fixed
+    )
+    print(format_scoreboard(suite, rows, families))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        rows.to_csv(out / "scoreboard_replays.csv", index=False)
+        families.to_csv(out / "scoreboard_families.csv", index=False)
+        print(f"\nwrote {out / 'scoreboard_replays.csv'} and {out / 'scoreboard_families.csv'}")
+    return 0
 
 
 def validate_many(args: argparse.Namespace) -> int:
@@ -409,12 +434,19 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser(
         "validate", help="simulate a real replay's trace and configuration; report the errors"
     )
-    val.add_argument(
+    which = val.add_mutually_exclusive_group(required=True)
+    which.add_argument(
         "--real",
-        required=True,
         nargs="+",
         help="replay folder written by `kvplan replay`; several: a table of the targets each run meets "
         "with each --profile",
+    )
+    which.add_argument(
+        "--suite",
+        help="a scoreboard suite (e.g. simulator/data/validation/suite.json): every replay it lists, "
+        "held-out ones counted apart, errors of E2E/TTFT/TPOT at mean/p90/p99, and each trace family's "
+        "knee simulated against the real replays around it; --profile: one for all, or 'auto' (default "
+        "here) for each replay's shipped profile",
     )
     val.add_argument(
         "--profile",

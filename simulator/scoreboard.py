@@ -1,0 +1,210 @@
+"""The fidelity scoreboard: every replay of a suite re-simulated on the shipped profile of its engine.
+
+A suite (JSON, `simulator/data/validation/suite.json`) lists replay folders by trace family, each
+declared held-out or not before a profile it validates is fitted. Per replay: the targets met, the
+signed error of E2E, TTFT and TPOT at mean, p90 and p99 and their mean absolute error, and the real
+engine's own spread where a repeat exists. Per family: the highest rate whose TTFT p99 meets the
+suite's SLO, simulated, against the real replays on either side of it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.plan import parse_objectives, search_max_scale, violations
+from simulator.validate import TARGETS, read_run, sim_config_for, validate_run
+
+SCORED = tuple(f"{m}_{s}_s" for m in ("e2e", "ttft", "tpot") for s in ("mean", "p90", "p99"))
+
+
+@dataclass(frozen=True)
+class SuiteReplay:
+    run: Path
+    family: str
+    rate_scale: float
+    load: str
+    held_out: bool
+    repeat: Path | None = None
+
+
+@dataclass(frozen=True)
+class Suite:
+    path: Path
+    slo: str
+    families: dict[str, Path]  # family -> the replay whose trace (at rate scale 1) the knee is searched on
+    replays: tuple[SuiteReplay, ...]
+
+
+def load_suite(path: str | Path) -> Suite:
+    """A suite file; replay folders are relative to it. Errors name the file and the entry."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+        root = path.parent
+        replays = tuple(
+            SuiteReplay(
+                root / r["run"],
+                r["family"],
+                float(r["rate_scale"]),
+                r["load"],
+                bool(r["held_out"]),
+                root / r["repeat"] if r.get("repeat") else None,
+            )
+            for r in raw["replays"]
+        )
+        families = {name: root / f["base"] for name, f in raw["families"].items()}
+        suite = Suite(path, raw.get("slo", "ttft_p99=1s"), families, replays)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a scoreboard suite ({type(e).__name__}: {e})") from None
+    for r in replays:
+        if r.family not in families:
+            raise ValueError(f"{path}: replay {r.run.name}: family {r.family!r} is not in 'families'")
+    return suite
+
+
+def score_replay(replay: SuiteReplay, profile: Path | None) -> dict:
+    """One replay's row: targets met, signed errors of `SCORED`, their mean absolute error, and the
+    largest real run-to-run difference of the targeted metrics where a repeat exists."""
+    v = validate_run(replay.run, profile, replay.repeat)
+    table = v.table.set_index("metric")
+    err = table["rel_error"]
+    row = {
+        "family": replay.family,
+        "run": replay.run.name,
+        "load": replay.load,
+        "held_out": replay.held_out,
+        "targets_met": int(table.loc[list(TARGETS), "ok"].astype(bool).sum()),
+        **{m: float(err.get(m, np.nan)) for m in SCORED},
+    }
+    row["mape"] = float(np.nanmean(np.abs([row[m] for m in SCORED])))
+    row["repeat_spread"] = (
+        float(table.loc[list(TARGETS), "repeat_error"].abs().max()) if "repeat_error" in table else np.nan
+    )
+    row["real_ttft_p99_s"] = float(table.loc["ttft_p99_s", "real"])
+    return row
+
+
+def base_trace(run_dir: Path, rate_scale: float):
+    """A replay's trace at rate scale 1: its arrivals stretched back by the scale it was served at."""
+    meta, trace, _, _ = read_run(run_dir)
+    df = trace.df.copy()
+    df["arrival_s"] = df["arrival_s"] * rate_scale
+    return meta, trace.with_frame(df)
+
+
+def simulated_knee(base_run: Path, base_scale: float, profile: Path | None, slo: str) -> float | None:
+    """The highest rate scale of `base_run`'s trace (at scale 1) whose simulation meets `slo`, on the
+    replay's own configuration (its KV blocks included)."""
+    from simulator.run import run_simulation
+    from traces.transforms import scale_rate
+
+    meta, trace = base_trace(base_run, base_scale)
+    config = sim_config_for(meta)
+    objectives = parse_objectives(slo)
+
+    def feasible(scales: list[float]) -> list[bool]:
+        out = []
+        for x in scales:
+            summary = run_simulation(scale_rate(trace, x), config, profile=profile).summary
+            out.append(not violations(summary, objectives))
+        return out
+
+    return search_max_scale(feasible, start=base_scale, tolerance=0.02, max_scale=256.0).lo
+
+
+def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | None]) -> pd.DataFrame:
+    """Per family: the simulated knee (rate scale of its base window) and the real replays' bracket:
+    the highest served scale whose real TTFT p99 met the SLO and the lowest that did not."""
+    limit = parse_objectives(suite.slo)[0].limit_s
+    out = []
+    for family, base in suite.families.items():
+        mine = [r for r in suite.replays if r.family == family]
+        base_replay = next((r for r in mine if r.run == base), None)
+        if base_replay is None:
+            raise ValueError(f"{suite.path}: family {family}: base {base.name!r} is not one of its replays")
+        knee = simulated_knee(
+            base_replay.run, base_replay.rate_scale, profiles[base_replay.run.name], suite.slo
+        )
+        served = rows.set_index("run").loc[[r.run.name for r in mine]]
+        scales = pd.Series({r.run.name: r.rate_scale for r in mine})
+        passed = scales[served["real_ttft_p99_s"] <= limit]
+        failed = scales[served["real_ttft_p99_s"] > limit]
+        out.append(
+            {
+                "family": family,
+                "simulated_knee": knee,
+                "real_passes_at": float(passed.max()) if len(passed) else np.nan,
+                "real_fails_at": float(failed.min()) if len(failed) else np.nan,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def run_suite(suite: Suite, profile_for, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-replay rows, per-family rows); `profile_for(run_dir)` names each replay's profile."""
+    from tqdm import tqdm
+
+    profiles = {r.run.name: profile_for(r.run) for r in suite.replays}
+    rows = pd.DataFrame(
+        [
+            {**score_replay(r, profiles[r.run.name]), "profile": _name(profiles[r.run.name])}
+            for r in tqdm(suite.replays, desc="scoring", unit="replay", disable=not progress)
+        ]
+    )
+    return rows, family_rows(suite, rows, profiles)
+
+
+def _name(profile: Path | None) -> str:
+    return "roofline" if profile is None else Path(profile).name
+
+
+def _pct(x: float) -> str:
+    return "-" if np.isnan(x) else f"{x:+.1%}"
+
+
+def format_scoreboard(suite: Suite, rows: pd.DataFrame, families: pd.DataFrame) -> str:
+    """The scoreboard as text: replays by family, the held-out totals, then each family's knee."""
+    lines = [f"Fidelity scoreboard: {suite.path.name} (targets: {_targets()})", ""]
+    head = f"{'family / replay':<44} {'load':<32} {'held':>4} {'met':>5}"
+    head += "".join(f" {m.removesuffix('_s'):>10}" for m in SCORED) + f" {'MAPE':>6} {'spread':>7}"
+    lines.append(head)
+    for family, group in rows.groupby("family", sort=False):
+        lines.append(f"{family}  (profile {group['profile'].iloc[0]})")
+        for _, r in group.iterrows():
+            line = f"  {r['run']:<42} {r['load'][:32]:<32} {'yes' if r['held_out'] else 'no':>4}"
+            line += f" {r['targets_met']:>3}/{len(TARGETS)}" + "".join(f" {_pct(r[m]):>10}" for m in SCORED)
+            line += f" {r['mape']:>6.1%} {_pct(r['repeat_spread']):>7}"
+            lines.append(line)
+    held = rows[rows["held_out"]]
+    lines += ["", _total("held-out", held), _total("not held-out", rows[~rows["held_out"]]), ""]
+    lines.append(f"Knee ({suite.slo}), as rate scales of each family's window:")
+    for _, f in families.iterrows():
+        sim = "none found" if f["simulated_knee"] is None else f"{f['simulated_knee']:.3g}x"
+        lines.append(
+            f"  {f['family']:<20} simulated {sim:<10} real: met at {_scale(f['real_passes_at'])}, "
+            f"missed at {_scale(f['real_fails_at'])}"
+        )
+    return "\n".join(lines)
+
+
+def _total(label: str, rows: pd.DataFrame) -> str:
+    if not len(rows):
+        return f"{label}: no replays"
+    met, total = int(rows["targets_met"].sum()), len(rows) * len(TARGETS)
+    return (
+        f"{label}: {met} of {total} targets on {len(rows)} replays of {rows['family'].nunique()} families; "
+        f"MAPE median {rows['mape'].median():.1%}"
+    )
+
+
+def _scale(x: float) -> str:
+    return "no replay" if np.isnan(x) else f"{x:g}x"
+
+
+def _targets() -> str:
+    return ", ".join(f"{m.removesuffix('_s')} {t:.0%}" for m, t in TARGETS.items())

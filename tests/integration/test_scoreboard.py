@@ -1,0 +1,101 @@
+"""The fidelity scoreboard (`kvplan validate --suite`): a suite's replays scored with the figures
+`kvplan validate` gives each one, held-out replays counted apart, each family's knee beside the real
+replays around it; bad suites are errors naming the file and the entry."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from simulator.cli import main
+from simulator.run import SHIPPED_PROFILE_DIR
+from simulator.scoreboard import SCORED, format_scoreboard, load_suite, run_suite
+from simulator.validate import TARGETS, validate_run
+
+VALIDATION = SHIPPED_PROFILE_DIR.parent / "data" / "validation"
+PROFILE = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
+
+
+def _suite(tmp_path, replays, families=None) -> str:
+    path = tmp_path / "suite.json"
+    families = families or {"azure_conv_2023": {"base": replays[0]["run"]}}
+    path.write_text(json.dumps({"slo": "ttft_p99=1s", "families": families, "replays": replays}))
+    return str(path)
+
+
+def _replay(name, scale, held_out):
+    return {
+        "run": str(VALIDATION / name),
+        "family": "azure_conv_2023",
+        "rate_scale": scale,
+        "load": f"x{scale}",
+        "held_out": held_out,
+    }
+
+
+def test_each_replay_scores_what_validate_gives_it_and_held_out_counts_apart(tmp_path):
+    replays = [
+        _replay("h200_qwen3-0.6b_bs16_async_x8", 8, True),
+        _replay("h200_qwen3-0.6b_bs16_async_x10", 10, False),
+    ]
+    suite = load_suite(_suite(tmp_path, replays))
+    rows, families = run_suite(suite, lambda run: PROFILE, progress=False)
+    for (_, row), replay in zip(rows.iterrows(), suite.replays):
+        table = validate_run(replay.run, PROFILE).table.set_index("metric")
+        assert row["targets_met"] == int(table.loc[list(TARGETS), "ok"].astype(bool).sum())
+        errors = [float(table.loc[m, "rel_error"]) for m in SCORED]
+        assert [row[m] for m in SCORED] == errors
+        assert row["mape"] == pytest.approx(np.mean(np.abs(errors)), rel=1e-12)
+        assert row["real_ttft_p99_s"] == float(table.loc["ttft_p99_s", "real"])
+    text = format_scoreboard(suite, rows, families)
+    held = rows[rows["held_out"]]
+    assert f"held-out: {held['targets_met'].sum()} of 7 targets on 1 replays of 1 families" in text
+    assert "not held-out: " in text
+    # the family's real bracket comes from the replays' real TTFT p99 against the 1 s objective
+    family = families.iloc[0]
+    real = dict(zip(rows["run"], rows["real_ttft_p99_s"]))
+    passes = [r.rate_scale for r in suite.replays if real[r.run.name] <= 1.0]
+    fails = [r.rate_scale for r in suite.replays if real[r.run.name] > 1.0]
+    assert np.isclose(family["real_passes_at"], max(passes, default=np.nan), equal_nan=True)
+    assert np.isclose(family["real_fails_at"], min(fails, default=np.nan), equal_nan=True)
+    assert family["simulated_knee"] is not None and math.isfinite(family["simulated_knee"])
+
+
+def test_the_cli_writes_both_tables(tmp_path, capsys):
+    path = _suite(tmp_path, [_replay("h200_qwen3-0.6b_bs16_async_x8", 8, True)])
+    assert main(["validate", "--suite", path, "--profile", str(PROFILE), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "Fidelity scoreboard: suite.json" in out and "Knee (ttft_p99=1s)" in out
+    assert (tmp_path / "out" / "scoreboard_replays.csv").is_file()
+    assert (tmp_path / "out" / "scoreboard_families.csv").is_file()
+
+
+def test_a_bad_suite_names_the_file_and_the_entry(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="bad.json: not a scoreboard suite"):
+        load_suite(bad)
+    path = _suite(
+        tmp_path,
+        [{**_replay("h200_qwen3-0.6b_bs16_async_x8", 8, True), "family": "elsewhere"}],
+    )
+    with pytest.raises(ValueError, match="replay h200_qwen3-0.6b_bs16_async_x8: family 'elsewhere'"):
+        load_suite(path)
+
+
+def test_pinned_shipped_suite_scoreboard():
+    """Pinned to the shipped replays (detects change in measured data, not correctness): the held-out
+    replays of the block-16 async profile, mooncake_synthetic and azure_code_2023 windows served on
+    2026-12-02, meet 16 of 35 targets; the simulated knees fall inside the real replays' bracket for
+    mooncake_synthetic and azure_conv_2023, and above it for azure_code_2023."""
+    suite = load_suite(VALIDATION / "suite.json")
+    rows, families = run_suite(suite, lambda run: PROFILE, progress=False)
+    held = rows[rows["held_out"]]
+    assert (len(held), int(held["targets_met"].sum())) == (5, 16)
+    knees = families.set_index("family")
+    inside = knees["real_passes_at"] <= knees["simulated_knee"]
+    inside &= knees["simulated_knee"] <= knees["real_fails_at"]
+    assert inside.to_dict() == {"mooncake_synthetic": True, "azure_code_2023": False, "azure_conv_2023": True}
