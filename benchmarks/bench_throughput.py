@@ -22,9 +22,16 @@ from engine.llm import LLM
 from engine.sequence import SamplingParams
 
 
-def nano_vllm_workload(num_seqs: int = 256, max_input: int = 1024, max_output: int = 1024):
+def nano_vllm_workload(
+    num_seqs: int = 256, max_input: int = 1024, max_output: int = 1024, shared_prefix: int = 0
+):
+    """The recipe's prompts and sampling parameters; with `shared_prefix`, every prompt starts with the
+    same that many tokens (a system prompt: every request's first blocks are prefix hits)."""
     seed(0)
     prompts = [[randint(0, 10000) for _ in range(randint(100, max_input))] for _ in range(num_seqs)]
+    if shared_prefix:
+        system = [10001 + i % 5000 for i in range(shared_prefix)]
+        prompts = [system + p for p in prompts]
     params = [
         SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, max_output))
         for _ in range(num_seqs)
@@ -104,6 +111,12 @@ def main() -> None:
         choices=["off", "on", "both"],
         help="overlap decode steps' host work with the device (both: off, on, off, on on one engine)",
     )
+    ap.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="prepend the same this many tokens to every prompt (prefix-sharing variant; 0: the recipe)",
+    )
     ap.add_argument("--records", help="write the timed run's step records here (.parquet or .csv)")
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args()
@@ -127,7 +140,7 @@ def main() -> None:
         enforce_eager=args.enforce_eager,
     )
     start_s = time.perf_counter() - t0
-    prompts, params = nano_vllm_workload(args.num_seqs)
+    prompts, params = nano_vllm_workload(args.num_seqs, shared_prefix=args.shared_prefix)
     llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up request
     modes = {"off": [False], "on": [True], "both": [False, True, False, True]}[args.async_scheduling]
     runs = []
@@ -139,6 +152,7 @@ def main() -> None:
         "backend": llm.attention_backend,
         "block_size": args.block_size,
         "policy": args.policy,
+        "shared_prefix": args.shared_prefix,
         "num_kv_blocks": llm.runner.num_kv_blocks,
         "start_s": round(start_s, 1),
     }
