@@ -37,5 +37,6 @@ st.sidebar.caption(
 )
 from dashboard import state  # noqa: E402  (after the path fix above)
 
+state.keep_widget_state()  # the pages' settings survive a switch to another page
 state.warm_pool()  # start simulation workers while the first page renders
 navigation.run()

@@ -14,6 +14,10 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 PALETTE = px.colors.qualitative.D3
+# st.plotly_chart(..., config=CHART_CONFIG): no modebar, which would cover the chart's title
+CHART_CONFIG = {"displayModeBar": False, "displaylogo": False}
+SLO_COLORS = {"meets SLO": "#2ca02c", "misses SLO": "#d62728"}
+KIND_COLORS = {"decode": "#1f77b4", "prefill": "#ff7f0e", "mixed": "#9467bd"}
 _LAYOUT = dict(
     margin=dict(l=10, r=10, t=40, b=10),
     legend=dict(title_text="", orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
@@ -22,7 +26,8 @@ _LAYOUT = dict(
 
 
 def color_map(labels: Sequence[str]) -> dict[str, str]:
-    """One stable colour per configuration label, in the given order."""
+    """One colour per configuration label, by its place in `labels`: pass every configuration of
+    the form (those that failed too), so that a label keeps its colour from run to run."""
     return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
 
 
@@ -52,6 +57,21 @@ def legend_html(colors: dict[str, str]) -> str:
 def _finish(fig: go.Figure, title: str, **layout: object) -> go.Figure:
     fig.update_layout(title=title, **{**_LAYOUT, **layout})
     return fig
+
+
+def _note(fig: go.Figure, message: str) -> go.Figure:
+    """A note across the top of a chart (e.g. why every value is zero)."""
+    fig.add_annotation(
+        text=message, showarrow=False, x=0.5, y=0.95, xref="paper", yref="paper", font=dict(color="gray")
+    )
+    return fig
+
+
+def all_zero(values: Sequence[float] | pd.Series) -> bool:
+    """True when every finite value is 0 (an all-zero chart then needs a note to read as data)."""
+    v = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce"), dtype=float)
+    v = v[np.isfinite(v)]
+    return len(v) > 0 and bool((v == 0).all())
 
 
 def _empty(title: str, message: str) -> go.Figure:
@@ -118,12 +138,16 @@ def cdf_figure(
     fig = go.Figure()
     for label, g in cdf.groupby("config", sort=False):
         fig.add_scatter(
-            x=g["value_s"], y=g["quantile"], mode="lines", name=str(label), line_color=colors.get(label)
+            x=g["value_s"] * 1e3,
+            y=g["quantile"],
+            mode="lines",
+            name=str(label),
+            line_color=colors.get(label),
         )
     if log_x:
-        log_axis(fig, "x", cdf["value_s"], title=f"{metric} (s)")
+        log_axis(fig, "x", cdf["value_s"] * 1e3, title=f"{metric} (ms)")
     else:
-        fig.update_xaxes(title=f"{metric} (s)")
+        fig.update_xaxes(title=f"{metric} (ms)")
     fig.update_layout(showlegend=legend)
     fig.update_yaxes(title="share of requests", tickformat=".0%", range=[0, 1.01])
     fig.add_hline(
@@ -151,6 +175,8 @@ def timeline_figure(
     fig.update_xaxes(title="simulated time (s)")
     fig.update_yaxes(title=y_title, rangemode="tozero", tickformat=".0%" if percent else None)
     fig.update_layout(showlegend=legend)
+    if all_zero(frame[column]):
+        _note(fig, "zero throughout, in every configuration")
     return _finish(fig, title)
 
 
@@ -166,6 +192,8 @@ def bar_figure(
         )
     )
     fig.update_yaxes(title=column, tickformat=".0%" if percent else None, rangemode="tozero")
+    if all_zero(table[column]):
+        _note(fig, f"{column}: zero in every configuration")
     return _finish(fig, title)
 
 
@@ -185,19 +213,18 @@ def pareto_figure(
         g = points[points["meets_slo"] == ok]
         if len(g):
             fig.add_scatter(
-                x=g[latency_column],
+                x=g[latency_column] * 1e3,
                 y=g["cost_per_hour_usd"],
                 mode="markers",
                 name=name,
-                marker_symbol=symbol,
-                marker_size=10,
+                marker=dict(symbol=symbol, size=10, color=SLO_COLORS[name]),
                 text=g["label"],
-                hovertemplate="%{text}<br>p99 %{x:.3f} s<br>$%{y:.2f}/h<extra></extra>",
+                hovertemplate="%{text}<br>p99 %{x:,.1f} ms<br>$%{y:.2f}/h<extra></extra>",
             )
     front = points[points["pareto"]].sort_values(latency_column) if "pareto" in points else points.iloc[:0]
     if len(front) > 1:
         fig.add_scatter(
-            x=front[latency_column],
+            x=front[latency_column] * 1e3,
             y=front["cost_per_hour_usd"],
             mode="lines",
             name="Pareto front",
@@ -206,14 +233,14 @@ def pareto_figure(
     if recommended is not None and recommended in points.index:
         r = points.loc[recommended]
         fig.add_scatter(
-            x=[r[latency_column]],
+            x=[r[latency_column] * 1e3],
             y=[r["cost_per_hour_usd"]],
             mode="markers",
             name="recommended",
             text=[r["label"]],
             marker=dict(size=18, symbol="star", color="gold", line=dict(color="black", width=1)),
         )
-    log_axis(fig, "x", points[latency_column], title=f"p99 {latency_label} (s)")
+    log_axis(fig, "x", points[latency_column] * 1e3, title=f"p99 {latency_label} (ms)")
     fig.update_yaxes(title="$ per hour", rangemode="tozero")
     return _finish(fig, title, height=420)
 
@@ -258,24 +285,25 @@ def scatter_figure(paired: pd.DataFrame, metric: str, label: str, max_points: in
         return _empty(title, "no requests in both runs")
     if len(frame) > max_points:
         frame = frame.sample(max_points, random_state=0)
+    real_ms, sim_ms = frame[f"{metric}_real"] * 1e3, frame[f"{metric}_sim"] * 1e3
     fig = go.Figure(
         go.Scattergl(
-            x=frame[f"{metric}_real"],
-            y=frame[f"{metric}_sim"],
+            x=real_ms,
+            y=sim_ms,
             mode="markers",
-            marker=dict(size=4, opacity=0.5),
+            marker=dict(size=4, opacity=0.5, color=PALETTE[0]),
             text=frame["request_id"],
-            hovertemplate="request %{text}<br>real %{x:.4f} s<br>sim %{y:.4f} s<extra></extra>",
+            hovertemplate="request %{text}<br>real %{x:,.1f} ms<br>sim %{y:,.1f} ms<extra></extra>",
             name="requests",
         )
     )
-    lo = float(min(frame[f"{metric}_real"].min(), frame[f"{metric}_sim"].min()))
-    hi = float(max(frame[f"{metric}_real"].max(), frame[f"{metric}_sim"].max()))
+    lo = float(min(real_ms.min(), sim_ms.min()))
+    hi = float(max(real_ms.max(), sim_ms.max()))
     fig.add_scatter(
         x=[lo, hi], y=[lo, hi], mode="lines", name="sim = real", line=dict(dash="dash", color="gray")
     )
-    fig.update_xaxes(title=f"real {label} (s)")
-    fig.update_yaxes(title=f"simulated {label} (s)")
+    fig.update_xaxes(title=f"real {label} (ms)")
+    fig.update_yaxes(title=f"simulated {label} (ms)")
     return _finish(fig, title, height=400)
 
 
@@ -291,6 +319,7 @@ def residual_figure(
         x=x,
         y="residual",
         color="kind",
+        color_discrete_map=KIND_COLORS,
         opacity=0.6,
         hover_data=["num_seqs", "measured_s", "predicted_s"],
         render_mode="webgl",

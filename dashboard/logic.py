@@ -14,7 +14,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,6 +213,96 @@ def prepare_trace(trace: Trace, window_s: float | None = None, rate_scale: float
     return out
 
 
+DEFAULT_PLAN_REQUESTS = 2000  # capacity plan: requests each candidate simulates (after rescaling)
+FEW_REQUESTS = 1000  # below this, a p99 rests on the 10 worst requests or fewer
+
+
+def plan_trace(trace: Trace, num_requests: int | None) -> Trace:
+    """The trace a capacity plan rescales to its target rate: the first `num_requests` requests
+    (None or 0: all), as `kvplan plan --limit N` takes them. A fixed amount of traffic, so that a
+    higher target rate simulates the same number of requests over a shorter time, not fewer."""
+    if num_requests is not None and num_requests < 0:
+        raise ValueError(f"requests to simulate: must be >= 0, got {num_requests}")
+    if not num_requests or num_requests >= len(trace):
+        return trace
+    return trace.with_frame(trace.df.iloc[: int(num_requests)].reset_index(drop=True), validate=False)
+
+
+def tail_note(num_requests: int, quantile: float = 0.99) -> str | None:
+    """A warning when a `quantile` latency rests on few requests (fewer than FEW_REQUESTS)."""
+    if num_requests >= FEW_REQUESTS:
+        return None
+    worst = max(1, math.ceil(num_requests * (1 - quantile)))
+    rank = "the worst request" if worst == 1 else f"the {_ordinal(worst)}-worst request"
+    return (
+        f"Only {num_requests:,} requests per simulation: each p{quantile * 100:g} is {rank}, so one "
+        f"slow request moves it. Simulate at least {FEW_REQUESTS:,} requests for a steadier answer."
+    )
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+# =============================================================================== load: offered against served
+
+KEEPS_UP, NEAR_SATURATION, OVERLOADED, NO_LOAD = "keeps up", "near saturation", "overloaded", "n/a"
+KEEPS_UP_RATIO = 0.95  # served / offered at or above this: keeps up
+OVERLOADED_RATIO = 0.80  # below this: overloaded (in between: near saturation)
+
+
+@dataclass(frozen=True)
+class Load:
+    """Offered against served request rate of one simulation, and the verdict."""
+
+    offered_rps: float
+    served_rps: float
+    verdict: str
+
+    @property
+    def ratio(self) -> float:
+        return self.served_rps / self.offered_rps if self.offered_rps > 0 else math.nan
+
+    @property
+    def keeps_up(self) -> bool:
+        return self.verdict == KEEPS_UP
+
+
+def load_verdict(summary: Mapping[str, Any], arrival_span_s: float) -> Load:
+    """Whether a configuration keeps up with the rate it is offered.
+
+    offered = requests / the span of their arrivals. served = the rate at which the configuration
+    took requests in: in a queue that grows because service (rate mu) is slower than arrivals
+    (lambda), a request arriving at t waits t (lambda / mu - 1), so the mean wait over a span T is
+    T / 2 (lambda / mu - 1), and mu = lambda / (1 + 2 mean wait / T). Requests not finished
+    (rejected) do not count as served. A configuration that keeps up waits little, and served ~
+    offered. Verdict: `keeps up` (served >= 95 % of offered), `near saturation` (>= 80 %),
+    `overloaded`; `n/a` with fewer than two requests or no span."""
+    n = int(summary.get("num_requests") or 0)
+    if n < 2 or not arrival_span_s > 0:
+        return Load(math.nan, math.nan, NO_LOAD)
+    offered = n / arrival_span_s
+    wait = summary.get("queue_mean_s")
+    if wait is None or (isinstance(wait, float) and math.isnan(wait)):
+        wait = summary.get("ttft_mean_s")
+    wait = 0.0 if wait is None or math.isnan(float(wait)) else max(0.0, float(wait))
+    finished = int(summary.get("num_finished", n) or 0)
+    served = offered * (finished / n) / (1.0 + 2.0 * wait / arrival_span_s)
+    ratio = served / offered
+    verdict = (
+        KEEPS_UP if ratio >= KEEPS_UP_RATIO else NEAR_SATURATION if ratio >= OVERLOADED_RATIO else OVERLOADED
+    )
+    return Load(offered, served, verdict)
+
+
+def result_load(result: SimResult) -> Load:
+    """`load_verdict` of a simulation, over the span of its requests' arrivals."""
+    a = result.requests["arrival_s"]
+    span = float(a.max() - a.min()) if len(a) else 0.0
+    return load_verdict(result.summary, span)
+
+
 # =============================================================================== what-if
 
 
@@ -298,14 +388,30 @@ def _outcome(fn: Callable[[], SimResult]) -> SimResult | Exception:
         return e
 
 
+Progress = Callable[[int, int], None]  # (simulations done, simulations in all)
+
+
 def run_jobs(
-    trace: Trace, jobs: Sequence[SimJob], executor: Executor | None = None
+    trace: Trace,
+    jobs: Sequence[SimJob],
+    executor: Executor | None = None,
+    on_done: Progress | None = None,
 ) -> list[SimResult | Exception]:
-    """Run `jobs` on `trace`, in parallel on `executor` if given. A job whose configuration is
-    invalid yields its ValueError (with the library's message) in place of a result."""
-    if executor is None or len(jobs) <= 1:
-        return [_outcome(lambda j=j: run_job(trace, j)) for j in jobs]
+    """Run `jobs` on `trace`, in parallel on `executor` if given, calling `on_done(done, total)` as
+    each finishes. A job whose configuration is invalid yields its ValueError (with the library's
+    message) in place of a result."""
+    total = len(jobs)
+    if executor is None or total <= 1:
+        out = []
+        for j in jobs:
+            out.append(_outcome(lambda j=j: run_job(trace, j)))
+            if on_done:
+                on_done(len(out), total)
+        return out
     futures = [executor.submit(run_job_in_worker, trace, j) for j in jobs]
+    if on_done:
+        for done, _ in enumerate(as_completed(futures), 1):
+            on_done(done, total)
     return [_outcome(f.result) for f in futures]
 
 
@@ -341,15 +447,17 @@ def run_jobs_cached(
     trace: Trace,
     jobs: Sequence[SimJob],
     executor: Executor | None = None,
+    on_done: Progress | None = None,
 ) -> list[SimResult | Exception]:
-    """`run_jobs`, reusing outcomes already in `store` and running only the missing jobs."""
+    """`run_jobs`, reusing outcomes already in `store` and running only the missing jobs
+    (`on_done(done, total)` counts those)."""
     keys = [(trace_key, j.key) for j in jobs]
     out: list[SimResult | Exception | None] = [store.get(k) for k in keys]
     missing: dict[Hashable, SimJob] = {}
     for key, job, o in zip(keys, jobs, out):
         if o is None:
             missing.setdefault(key, job)
-    fresh = dict(zip(missing, run_jobs(trace, list(missing.values()), executor)))
+    fresh = dict(zip(missing, run_jobs(trace, list(missing.values()), executor, on_done)))
     for key, value in fresh.items():
         store.put(key, value)
     out = [fresh[k] if o is None else o for k, o in zip(keys, out)]
@@ -369,8 +477,8 @@ SUMMARY_COLUMNS = (
     ("TTFT p99 (ms)", "ttft_p99_s", 1e3),
     ("TPOT p50 (ms)", "tpot_p50_s", 1e3),
     ("TPOT p99 (ms)", "tpot_p99_s", 1e3),
-    ("E2E p50 (s)", "e2e_p50_s", 1.0),
-    ("E2E p99 (s)", "e2e_p99_s", 1.0),
+    ("E2E p50 (ms)", "e2e_p50_s", 1e3),
+    ("E2E p99 (ms)", "e2e_p99_s", 1e3),
     ("throughput (req/s)", "throughput_rps", 1.0),
     ("output tok/s", "output_tok_s", 1.0),
     ("preemptions", "num_preemptions", 1),
@@ -385,7 +493,7 @@ SUMMARY_COLUMNS = (
 OBJECTIVES = {
     "lowest p99 TTFT": ("TTFT p99 (ms)", False),
     "lowest p99 TPOT": ("TPOT p99 (ms)", False),
-    "lowest p99 E2E": ("E2E p99 (s)", False),
+    "lowest p99 E2E": ("E2E p99 (ms)", False),
     "highest output tok/s": ("output tok/s", True),
     "lowest $ per M output tokens": ("$/M output tokens", False),
     "highest SLO attainment": ("SLO attainment", True),
@@ -405,6 +513,9 @@ def summary_table(results: Mapping[str, SimResult], slo: SLO | None = None) -> p
         row["$/M output tokens"] = plan.cost_per_million_tokens(c.gpu, c.num_gpus, s.get("output_tok_s", 0.0))
         att = slo_attainment(r.requests, slo)
         row["SLO attainment"] = float("nan") if att is None else att
+        load = result_load(r)
+        row["offered (req/s)"], row["served (req/s)"] = load.offered_rps, load.served_rps
+        row["status"], row["why"] = config_status(s, load, slo_objectives(slo))
         row.update(
             {
                 "TP": c.tensor_parallel_size,
@@ -417,7 +528,74 @@ def summary_table(results: Mapping[str, SimResult], slo: SLO | None = None) -> p
             }
         )
         rows.append(row)
-    return pd.DataFrame(rows).set_index("config") if rows else pd.DataFrame()
+    if not rows:
+        return pd.DataFrame()
+    table = pd.DataFrame(rows).set_index("config")
+    lead = [c for c in LEAD_COLUMNS if c in table]
+    return table[lead + [c for c in table.columns if c not in lead]]
+
+
+# The what-if table's first columns: what decides between the configurations.
+LEAD_COLUMNS = (
+    "status",
+    "$/h",
+    "$/M output tokens",
+    "SLO attainment",
+    "offered (req/s)",
+    "served (req/s)",
+    "latency model",
+    "why",
+    "GPUs",
+)
+MEETS, KEEPS = "meets SLO", "keeps up"
+QUALIFIED = (f"{MEETS}, {KEEPS}", KEEPS)  # statuses of a configuration that may be called best
+
+
+def slo_objectives(slo: SLO | None) -> tuple[plan.Objective, ...]:
+    """The p99 objectives of `slo`'s limits: meeting the SLO means every p99 within its limit and
+    every request served, as `kvplan plan` counts it."""
+    if slo is None:
+        return ()
+    limits = (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2e", slo.e2e_s))
+    return tuple(plan.Objective(m, "p99", float(v)) for m, v in limits if v)
+
+
+def format_ms(seconds: float) -> str:
+    """A latency in ms: `1,234 ms`, `80.5 ms`, `0.52 ms`."""
+    ms = float(seconds) * 1e3
+    if not math.isfinite(ms):
+        return "n/a"
+    return f"{ms:,.0f} ms" if abs(ms) >= 100 else f"{ms:.1f} ms" if abs(ms) >= 1 else f"{ms:.2f} ms"
+
+
+def describe_miss(v: plan.Violation) -> str:
+    """A missed objective in words and ms: `p99 TTFT 3,210 ms > 2,000 ms`."""
+    if v.objective is None:
+        return f"{v.unserved:,} of {v.num_requests:,} requests not served"
+    o = v.objective
+    return f"{o.stat} {o.metric.upper()} {format_ms(v.value)} > {format_ms(o.limit_s)}"
+
+
+def config_status(
+    summary: Mapping[str, Any], load: Load, objectives: Sequence[plan.Objective]
+) -> tuple[str, str]:
+    """(status, why) of one configuration: `meets SLO, keeps up` (or `keeps up` without objectives)
+    when it may be called best, else what it misses: the SLO (which objective, by how much) and/or the
+    offered rate (served against offered)."""
+    misses = [describe_miss(v) for v in plan.violations(summary, objectives)]
+    parts, why = [], list(misses)
+    if objectives:
+        parts.append(MEETS if not misses else "misses SLO")
+    elif misses:
+        parts.append("misses SLO")
+    if load.verdict == NO_LOAD:
+        parts.append("load n/a")
+        why.append("too few requests to tell the load")
+    else:
+        parts.append(load.verdict)
+        if not load.keeps_up:
+            why.append(f"serves {load.served_rps:,.1f} of {load.offered_rps:,.1f} req/s offered")
+    return ", ".join(parts), "; ".join(why)
 
 
 def mixed_latency_warning(results: Mapping[str, SimResult]) -> str | None:
@@ -427,13 +605,16 @@ def mixed_latency_warning(results: Mapping[str, SimResult]) -> str | None:
 
 
 def best_config(table: pd.DataFrame, objective: str) -> str | None:
-    """Label of the best row for `objective` (ties: fewer GPUs, then the first); None if no row has
-    a finite value (e.g. SLO attainment without objectives)."""
+    """Label of the best row for `objective` among those that meet the SLO and keep up with the
+    offered rate (`status` in QUALIFIED, where the table has a status; ties: fewer GPUs, then the
+    first); None if no such row has a finite value (e.g. SLO attainment without objectives)."""
     column, larger = OBJECTIVES[objective]
     if table.empty or column not in table:
         return None
     values = pd.to_numeric(table[column], errors="coerce")
     ok = np.isfinite(values.to_numpy(dtype=float))
+    if "status" in table:
+        ok &= table["status"].isin(QUALIFIED).to_numpy()
     if not ok.any():
         return None
     frame = pd.DataFrame({"v": -values if larger else values, "gpus": table["GPUs"]})[ok]
@@ -549,9 +730,11 @@ def point_evaluator(
     ctx: sweep.RunContext,
     executor: Executor | None = None,
     on_wave: Callable[[int, int], None] | None = None,
+    on_point: Callable[[dict[str, Any], int], None] | None = None,
 ) -> tuple[Callable[[list[dict[str, Any]]], list[dict[str, Any]]], list[dict[str, Any]]]:
     """An `evaluate(points) -> rows` for `simulator.plan` (on `executor` if given) and the list it
-    appends every evaluated row to (for the Pareto chart)."""
+    appends every evaluated row to (for the Pareto chart). `on_wave(wave, points)` before each wave,
+    `on_point(row, simulated so far)` as each point's simulation finishes."""
     rows: list[dict[str, Any]] = []
     waves = [0]
 
@@ -560,9 +743,17 @@ def point_evaluator(
         if on_wave:
             on_wave(waves[0], len(points))
         if executor is None or len(points) <= 1:
-            got = [_simulate_point(ctx, p) for p in points]
+            got = []
+            for p in points:
+                got.append(_simulate_point(ctx, p))
+                if on_point:
+                    on_point(got[-1], len(rows) + len(got))
         else:
-            got = list(executor.map(_simulate_point_in_worker, [ctx] * len(points), points))
+            futures = [executor.submit(_simulate_point_in_worker, ctx, p) for p in points]
+            if on_point:
+                for done, f in enumerate(as_completed(futures), 1):
+                    on_point(f.result(), len(rows) + done)
+            got = [f.result() for f in futures]
         rows.extend(got)
         return got
 
@@ -577,6 +768,7 @@ class PlanOutcome:
     points: pd.DataFrame
     num_requests: int
     latency_note: str | None = None  # why every option ran on the roofline (None: they did not need to)
+    duration_s: float = math.nan  # the span of the simulated arrivals, after rescaling to the rate
 
 
 def run_plan(
@@ -595,6 +787,7 @@ def run_plan(
     executor: Executor | None = None,
     on_wave: Callable[[int, int], None] | None = None,
     mix_latency_models: bool = False,
+    on_point: Callable[[dict[str, Any], int], None] | None = None,
 ) -> PlanOutcome:
     """Cheapest configuration serving `trace` rescaled to `rate` req/s within `objectives`
     (`simulator.plan.find_plan` over `plan_options`), plus a table of every point it simulated.
@@ -617,20 +810,25 @@ def run_plan(
     else:
         note = None  # a mix is shown by the rows' own banner (plan_latency_warning)
     ctx = sweep.RunContext(scaled, model_key, choice, objectives_text(objectives), trace.name)
-    evaluate, rows = point_evaluator(ctx, executor, on_wave)
+    evaluate, rows = point_evaluator(ctx, executor, on_wave, on_point)
     result = plan.find_plan(evaluate, options, objectives, max_gpus, rate, dict(base or {}))
-    return PlanOutcome(result, plan_points(rows, objectives), len(scaled), note)
+    points = plan_points(rows, objectives, scaled.duration_s)
+    return PlanOutcome(result, points, len(scaled), note, scaled.duration_s)
 
 
-def plan_points(rows: Sequence[Mapping[str, Any]], objectives: Sequence[Any]) -> pd.DataFrame:
-    """Simulated plan points that ran: config, GPUs, cost, p99s, `meets_slo`, `failed` (why not)."""
+def plan_points(
+    rows: Sequence[Mapping[str, Any]], objectives: Sequence[Any], arrival_span_s: float = math.nan
+) -> pd.DataFrame:
+    """Simulated plan points that ran: config, GPUs, cost, p99s, `meets_slo`, `failed` (why not),
+    and `load` (`load_verdict` over `arrival_span_s`)."""
     ok_rows = [r for r in rows if r.get("error") is None]
     if not ok_rows:
         return pd.DataFrame()
     df = pd.DataFrame.from_records(ok_rows)
     failed = [plan.violations(r, objectives) for r in ok_rows]
     df["meets_slo"] = [not f for f in failed]
-    df["failed"] = [plan.describe_violations(f) for f in failed]
+    df["failed"] = ["; ".join(describe_miss(v) for v in f) for f in failed]
+    df["load"] = [load_verdict(r, arrival_span_s).verdict for r in ok_rows]
     df["num_gpus"] = df["tp"] * df["replicas"]
     df["latency model"] = [plan.row_latency(r) for r in ok_rows]
     df["label"] = [
@@ -640,20 +838,104 @@ def plan_points(rows: Sequence[Mapping[str, Any]], objectives: Sequence[Any]) ->
     return df.drop_duplicates("label").reset_index(drop=True)
 
 
+# The All simulated points table: plan_points' columns under the names the page shows, latencies in ms.
+POINT_COLUMNS = {
+    "label": "configuration",
+    "meets_slo": "meets SLO",
+    "load": "load",
+    "cost_per_hour_usd": "$/h",
+    "cost_per_million_output_tokens_usd": "$/M output tokens",
+    "latency model": "latency model",
+    "failed": "misses",
+    "ttft_p99_s": "TTFT p99 (ms)",
+    "tpot_p99_s": "TPOT p99 (ms)",
+    "e2e_p99_s": "E2E p99 (ms)",
+    "output_tok_s": "output tok/s",
+    "num_preemptions": "preemptions",
+}
+POINT_FORMATS = {
+    "$/h": "${:,.2f}",
+    "$/M output tokens": "${:,.3f}",
+    "TTFT p99 (ms)": "{:,.0f}",
+    "TPOT p99 (ms)": "{:,.1f}",
+    "E2E p99 (ms)": "{:,.0f}",
+    "output tok/s": "{:,.0f}",
+}
+
+
+def points_table(points: pd.DataFrame) -> pd.DataFrame:
+    """`plan_points` as the page shows it: POINT_COLUMNS' names, latencies in ms, `yes`/`no`."""
+    cols = [c for c in POINT_COLUMNS if c in points]
+    out = points[cols].copy()
+    for c in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s"):
+        if c in out:
+            out[c] = out[c] * 1e3
+    if "meets_slo" in out:
+        out["meets_slo"] = out["meets_slo"].map({True: "yes", False: "no"})
+    return out.rename(columns=POINT_COLUMNS).reset_index(drop=True)
+
+
+def plan_simulations_estimate(num_options: int, max_gpus: int, min_tp: int = 1) -> int:
+    """About how many simulations a plan takes at most (for a progress bar): each option gallops
+    1, 2, 4, ... replicas up to the budget, then bisects."""
+    cap = max(1, int(max_gpus) // max(1, int(min_tp)))
+    return max(1, int(num_options) * (math.ceil(math.log2(cap)) + 2))
+
+
+def parse_int_list(text: str, name: str) -> tuple[int, ...]:
+    """`128, 256` -> (128, 256); a ValueError naming the field and the item otherwise."""
+    out = []
+    for item in (x.strip() for x in str(text).split(",")):
+        if not item:
+            continue
+        try:
+            value = int(item.replace("_", ""))
+        except ValueError:
+            raise ValueError(
+                f"{name}: {item!r} is not a whole number (give comma-separated numbers, e.g. 128,256)"
+            ) from None
+        if value <= 0:
+            raise ValueError(f"{name}: {value} must be a positive number")
+        out.append(value)
+    return tuple(out)
+
+
 def plan_latency_warning(result: Any) -> str | None:
     """A banner when a PlanResult's candidates were simulated on different kinds of latency model."""
     return plan.mixed_latency_warning([c.row for c in result.candidates])
 
 
-def plan_candidates(result: Any) -> pd.DataFrame:
-    """One row per option of a PlanResult: status, shape, replicas, GPUs, cost, p99s and the reason."""
+# The candidate table's first columns: what decides between the options.
+CANDIDATE_LEAD = (
+    "status",
+    "configuration",
+    "$/h",
+    "$/M output tokens",
+    "load",
+    "offered (req/s)",
+    "served (req/s)",
+    "latency model",
+    "why",
+    "GPUs",
+)
+
+
+def plan_candidates(result: Any, arrival_span_s: float = math.nan) -> pd.DataFrame:
+    """One row per option of a PlanResult: status, cost, load (offered against served over
+    `arrival_span_s`, `load_verdict`), latency model, the reason, p99s in ms and the shape."""
     rows = []
     for c in result.candidates:
         row = c.row or {}
         o = c.option
+        load = load_verdict(row, arrival_span_s) if c.row else Load(math.nan, math.nan, NO_LOAD)
+        size = f"{c.replicas} x " if c.replicas else ""
         rows.append(
             {
                 "status": c.status,
+                "configuration": f"{size}{o.gpu} TP{o.tp}",
+                "load": load.verdict if c.row else None,
+                "offered (req/s)": load.offered_rps,
+                "served (req/s)": load.served_rps,
                 "GPU": o.gpu,
                 "TP": o.tp,
                 "block": o.block_size,
@@ -663,15 +945,42 @@ def plan_candidates(result: Any) -> pd.DataFrame:
                 "GPUs": c.num_gpus,
                 "$/h": c.cost_per_hour,
                 "$/M output tokens": row.get("cost_per_million_output_tokens_usd"),
-                "TTFT p99 (s)": row.get("ttft_p99_s"),
+                "TTFT p99 (ms)": row["ttft_p99_s"] * 1e3 if row.get("ttft_p99_s") is not None else None,
                 "TPOT p99 (ms)": row["tpot_p99_s"] * 1e3 if row.get("tpot_p99_s") is not None else None,
-                "E2E p99 (s)": row.get("e2e_p99_s"),
+                "E2E p99 (ms)": row["e2e_p99_s"] * 1e3 if row.get("e2e_p99_s") is not None else None,
                 "latency model": plan.row_latency(row) if c.row else None,
                 "steps outside fit": row.get("steps_outside_fit_share"),
                 "why": c.reason,
             }
         )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    lead = [c for c in CANDIDATE_LEAD if c in table]
+    return table[lead + [c for c in table.columns if c not in lead]]
+
+
+def plan_pick(result: Any, arrival_span_s: float) -> tuple[Any, str | None]:
+    """The configuration to recommend from a PlanResult and, when it is not `result.best`, why:
+    the best meets the SLOs but falls behind the offered rate (its latencies would keep growing
+    with more traffic), so the cheapest feasible candidate that keeps up is recommended (None if
+    there is none)."""
+    best = result.best
+    if best is None:
+        return None, None
+    load = load_verdict(best.row or {}, arrival_span_s)
+    if load.keeps_up or load.verdict == NO_LOAD:
+        return best, None
+    why = (
+        f"The cheapest configuration meeting the latency objectives, {best.replicas} x {best.option.gpu} "
+        f"TP {best.option.tp}, is {load.verdict}: it serves {load.served_rps:,.1f} of "
+        f"{load.offered_rps:,.1f} req/s offered, so its latencies would keep growing with more traffic."
+    )
+    for c in result.candidates:
+        if c.status in ("best", "feasible") and load_verdict(c.row or {}, arrival_span_s).keeps_up:
+            return c, why
+    return (
+        None,
+        why + " No other feasible candidate keeps up: simulate more requests or raise the GPU budget.",
+    )
 
 
 # =============================================================================== sim vs real

@@ -6,6 +6,7 @@ Caching and session bookkeeping only; what is computed lives in `dashboard.logic
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -99,6 +100,23 @@ def trace_picker(
     return choice, get_trace(choice)
 
 
+# ------------------------------------------------------------------------------- widget state across pages
+
+# Streamlit forgets a widget's value at the end of a run that does not draw it (another page's run).
+# Widgets with these key prefixes keep theirs: `keep_widget_state` writes each value back under its
+# key at the start of every run, which makes it a value the session holds, not a widget's.
+KEPT_PREFIXES = ("traffic_", "gen_", "wi_", "cap_", "val_", "prof_")
+NOT_KEPT = frozenset({"traffic_upload", "prof_records", "prof_upload"})  # file uploaders: not settable
+
+
+def keep_widget_state() -> None:
+    """Keep the pages' widget values across page switches (call at the start of every run)."""
+    for key in list(st.session_state):
+        if isinstance(key, str) and key.startswith(KEPT_PREFIXES) and key not in NOT_KEPT:
+            with contextlib.suppress(st.errors.StreamlitAPIException):  # a value that cannot be set
+                st.session_state[key] = st.session_state[key]
+
+
 # ------------------------------------------------------------------------------- simulations
 
 
@@ -165,9 +183,17 @@ def with_pool(fn: Callable[[Executor | None], T]) -> T:
         return fn(None)
 
 
-def run_jobs(trace_key: Hashable, trace: Trace, jobs: Sequence[logic.SimJob]) -> list[SimResult | Exception]:
-    """Simulate `jobs`, reusing results cached under (trace key, job)."""
-    return with_pool(lambda pool: logic.run_jobs_cached(result_store(), trace_key, trace, jobs, pool))
+def run_jobs(
+    trace_key: Hashable,
+    trace: Trace,
+    jobs: Sequence[logic.SimJob],
+    on_done: logic.Progress | None = None,
+) -> list[SimResult | Exception]:
+    """Simulate `jobs`, reusing results cached under (trace key, job); `on_done(done, total)` as each
+    job that was not cached finishes."""
+    return with_pool(
+        lambda pool: logic.run_jobs_cached(result_store(), trace_key, trace, jobs, pool, on_done)
+    )
 
 
 # ------------------------------------------------------------------------------- shared widgets
@@ -196,16 +222,31 @@ def latency_input(prefix: str) -> str:
     )
 
 
-def slo_inputs(prefix: str, ttft_s: float = 2.0, tpot_ms: float = 80.0, e2e_s: float = 0.0) -> SLO:
-    """SLO objectives (0 = unconstrained) as an SLO."""
+def slo_inputs(prefix: str, ttft_ms: float = 2000.0, tpot_ms: float = 80.0, e2e_ms: float = 0.0) -> SLO:
+    """SLO objectives in ms (0 = unconstrained) as an SLO: a configuration meets it when every p99 is
+    within its limit and every request is served."""
     c1, c2, c3 = st.columns(3)
     ttft = c1.number_input(
-        "TTFT objective (s)", 0.0, 600.0, ttft_s, 0.1, key=f"{prefix}_slo_ttft", help="0 = none"
+        "p99 TTFT objective (ms)", 0.0, 600_000.0, ttft_ms, 100.0, key=f"{prefix}_slo_ttft", help=HELP["TTFT"]
     )
     tpot = c2.number_input(
-        "TPOT objective (ms)", 0.0, 10_000.0, tpot_ms, 5.0, key=f"{prefix}_slo_tpot", help="0 = none"
+        "p99 TPOT objective (ms)", 0.0, 10_000.0, tpot_ms, 5.0, key=f"{prefix}_slo_tpot", help=HELP["TPOT"]
     )
     e2e = c3.number_input(
-        "E2E objective (s)", 0.0, 3600.0, e2e_s, 1.0, key=f"{prefix}_slo_e2e", help="0 = none"
+        "p99 E2E objective (ms)", 0.0, 3_600_000.0, e2e_ms, 1000.0, key=f"{prefix}_slo_e2e", help=HELP["E2E"]
     )
-    return SLO(ttft_s=ttft or None, tpot_s=tpot / 1e3 if tpot else None, e2e_s=e2e or None)
+    return SLO(
+        ttft_s=ttft / 1e3 if ttft else None,
+        tpot_s=tpot / 1e3 if tpot else None,
+        e2e_s=e2e / 1e3 if e2e else None,
+    )
+
+
+# Plain-language help for the terms the pages use (widget help and captions).
+HELP = {
+    "TTFT": "Time to first token: from a request's arrival to its first output token (queueing and "
+    "prefill). 0 = no objective.",
+    "TPOT": "Time per output token: a request's mean time between output tokens after the first "
+    "(decode speed). 0 = no objective.",
+    "E2E": "End to end: from a request's arrival to its last token. 0 = no objective.",
+}

@@ -1,6 +1,8 @@
 """Capacity plan page: latency SLOs and a target request rate in, the cheapest configuration out
 (`simulator.plan.find_plan`), with its cost per hour and per million tokens, the alternatives and
 why they lose, and a Pareto chart of cost against p99 latency over every simulated point.
+Each candidate simulates a fixed number of requests (the trace's first N, rescaled to the rate, as
+`kvplan plan --limit N`); the plan runs only when Plan is pressed and stays on the page until the next.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ import math
 import time
 from concurrent.futures import Executor
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import figures, logic, state
@@ -23,18 +24,26 @@ PARETO_METRICS = {"E2E": "e2e_p99_s", "TTFT": "ttft_p99_s", "TPOT": "tpot_p99_s"
 CANDIDATE_FORMATS = {
     "$/h": "${:,.2f}",
     "$/M output tokens": "${:,.3f}",
-    "TTFT p99 (s)": "{:,.3f}",
+    "offered (req/s)": "{:,.1f}",
+    "served (req/s)": "{:,.1f}",
+    "TTFT p99 (ms)": "{:,.0f}",
     "TPOT p99 (ms)": "{:,.1f}",
-    "E2E p99 (s)": "{:,.2f}",
+    "E2E p99 (ms)": "{:,.0f}",
     "steps outside fit": "{:.1%}",
 }
+RESULT = "cap_result"  # session_state: the last plan shown (its parameters, outcome and wall time)
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def cached_plan(
-    trace_id: tuple,
+@st.cache_resource
+def plan_store() -> logic.ResultStore:
+    """Plans already run in this server, by their parameters (Plan again with the same form: instant)."""
+    return logic.ResultStore(max_entries=16)
+
+
+def run_plan(
     _trace: Trace,
     _executor: Executor | None,
+    on_point,
     model_key: str,
     latency: str,
     limits: tuple[float | None, float | None, float | None],
@@ -48,7 +57,7 @@ def cached_plan(
     router: str,
     mix_latency_models: bool,
 ) -> logic.PlanOutcome:
-    """`logic.run_plan`, cached on everything but the trace object and the worker pool."""
+    """`logic.run_plan` with the page's arguments; `on_point(row, done)` as each simulation ends."""
     objectives = logic.plan_objectives(*limits)
     return logic.run_plan(
         _trace,
@@ -65,6 +74,7 @@ def cached_plan(
         {"router": router},
         _executor,
         mix_latency_models=mix_latency_models,
+        on_point=on_point,
     )
 
 
@@ -74,8 +84,8 @@ def _index(options: list[str], preferred: str) -> int:
 
 st.title("Capacity plan")
 st.caption(
-    "The cheapest cluster that serves the trace, rescaled to a target rate, within p99 latency objectives. "
-    "Prices per GPU-hour come from simulator/data/gpus.json."
+    "The cheapest cluster that serves the trace, rescaled to a target rate, within p99 latency objectives "
+    "and keeping up with that rate. Prices per GPU-hour come from simulator/data/gpus.json."
 )
 with st.form("cap_form"):
     c = st.columns([2, 1, 2])
@@ -102,23 +112,29 @@ with st.form("cap_form"):
         )
     c = st.columns(4)
     rate = c[0].number_input("Target rate (req/s)", 0.01, 100_000.0, 60.0, key="cap_rate")
-    window = c[1].number_input(
-        "Replay window (s, 0 = whole trace)",
-        0.0,
-        1e7,
-        120.0,
-        step=30.0,
-        key="cap_window",
-        help="Each candidate replays this many seconds of the trace (before rescaling): shorter is faster.",
+    num_requests = c[1].number_input(
+        "Requests to simulate",
+        0,
+        10_000_000,
+        logic.DEFAULT_PLAN_REQUESTS,
+        step=500,
+        key="cap_requests",
+        help="Each candidate simulates the trace's first this many requests, rescaled to the target rate "
+        "(kvplan plan --limit): the same traffic at any rate. 0 = the whole trace. More is slower and "
+        "steadier; below 1,000 a p99 rests on the 10 worst requests or fewer.",
     )
     max_gpus = c[2].number_input("GPU budget", 1, 1024, 16, key="cap_max_gpus")
     router = c[3].selectbox("Router", ["least_outstanding", "round_robin", "prefix_aware"], key="cap_router")
     c = st.columns(3)
-    ttft = c[0].number_input("p99 TTFT objective (s)", 0.0, 600.0, 2.0, 0.1, key="cap_ttft", help="0 = none")
+    ttft = c[0].number_input(
+        "p99 TTFT objective (ms)", 0.0, 600_000.0, 2000.0, 100.0, key="cap_ttft", help="0 = none"
+    )
     tpot = c[1].number_input(
         "p99 TPOT objective (ms)", 0.0, 10_000.0, 80.0, 5.0, key="cap_tpot", help="0 = none"
     )
-    e2e = c[2].number_input("p99 E2E objective (s)", 0.0, 3600.0, 0.0, 1.0, key="cap_e2e", help="0 = none")
+    e2e = c[2].number_input(
+        "p99 E2E objective (ms)", 0.0, 3_600_000.0, 0.0, 1000.0, key="cap_e2e", help="0 = none"
+    )
     gpus_all = logic.gpu_names()
     c = st.columns(2)
     gpus = c[0].multiselect(
@@ -128,61 +144,96 @@ with st.form("cap_form"):
     with st.expander("Batch limits and block sizes to consider"):
         c = st.columns(3)
         block_sizes = c[0].multiselect("Block sizes", BLOCK_SIZES, default=[16], key="cap_blocks")
-        seqs_text = c[1].text_input("max_num_seqs (comma-separated)", "256", key="cap_seqs")
-        tokens_text = c[2].text_input("max_num_batched_tokens (comma-separated)", "16384", key="cap_tokens")
+        seqs_text = c[1].text_input("Max sequences per batch (comma-separated)", "256", key="cap_seqs")
+        tokens_text = c[2].text_input("Max tokens per step (comma-separated)", "16384", key="cap_tokens")
     submitted = st.form_submit_button("Plan", type="primary")
 
-if submitted:
-    st.session_state["cap_planned"] = True
-if not st.session_state.get("cap_planned"):
+progress_area = st.empty()  # the top of the results: a progress bar while a plan runs
+shown = st.session_state.get(RESULT)
+if not submitted and shown is None:
     st.info(
         "Set the objectives and the target rate, then press **Plan**. Each candidate configuration is "
         "simulated; the replica count of every GPU type and TP degree is searched (about 10–60 s)."
     )
     st.stop()
 
-try:
-    seqs = tuple(int(x) for x in seqs_text.split(",") if x.strip())
-    tokens = tuple(int(x) for x in tokens_text.split(",") if x.strip())
-    limits = (ttft or None, tpot / 1e3 if tpot else None, e2e or None)
-    logic.plan_objectives(*limits)
-    if not (gpus and tps and block_sizes and seqs and tokens):
-        raise ValueError("choose at least one GPU type, TP degree, block size and batch limit")
-except ValueError as e:
-    st.error(f"Cannot plan: {e}")
-    st.stop()
-
-trace = logic.prepare_trace(full_trace, window or None)
-t0 = time.perf_counter()
-with st.spinner(f"Planning on {len(trace):,} requests at {rate:g} req/s…"):
+if submitted:
     try:
-        outcome = state.with_pool(
-            lambda pool: cached_plan(
-                (trace_key, window or None),
-                trace,
-                pool,
-                model_key,
-                latency,
-                limits,
-                float(rate),
-                tuple(gpus),
-                tuple(int(t) for t in tps),
-                tuple(int(b) for b in block_sizes),
-                seqs,
-                tokens,
-                int(max_gpus),
-                router,
-                bool(mix),
-            )
-        )
+        seqs = logic.parse_int_list(seqs_text, "Max sequences per batch")
+        tokens = logic.parse_int_list(tokens_text, "Max tokens per step")
+        limits = (ttft / 1e3 or None, tpot / 1e3 or None, e2e / 1e3 or None)
+        logic.plan_objectives(*limits)
+        if not (gpus and tps and block_sizes and seqs and tokens):
+            raise ValueError("choose at least one GPU type, TP degree, block size and batch limit")
     except ValueError as e:
         st.error(f"Cannot plan: {e}")
         st.stop()
-result = outcome.result
-st.caption(
-    f"{result.num_simulations} simulations of {outcome.num_requests:,} requests "
-    f"(window {window:g} s of {full_trace.name} at {rate:g} req/s) in {time.perf_counter() - t0:.1f} s; cached."
+    trace = logic.plan_trace(full_trace, int(num_requests))
+    params = (
+        (trace_key, int(num_requests)),
+        model_key,
+        latency,
+        limits,
+        float(rate),
+        tuple(gpus),
+        tuple(int(t) for t in tps),
+        tuple(int(b) for b in block_sizes),
+        seqs,
+        tokens,
+        int(max_gpus),
+        router,
+        bool(mix),
+    )
+    t0 = time.perf_counter()
+    outcome = plan_store().get(params)
+    if outcome is None:
+        estimate = logic.plan_simulations_estimate(
+            len(gpus) * len(tps) * len(block_sizes) * len(seqs) * len(tokens),
+            int(max_gpus),
+            min(int(t) for t in tps),
+        )
+        bar = progress_area.progress(0.0, text=f"Planning on {len(trace):,} requests at {rate:g} req/s…")
+
+        def on_point(row: dict, done: int) -> None:
+            what = f"{row.get('replicas')} x {row.get('gpu')} TP{row.get('tp')}"
+            bar.progress(
+                min(done / max(estimate, done + 1), 0.99),
+                text=f"Simulated {done} configurations (latest: {what}) in {time.perf_counter() - t0:.0f} s…",
+            )
+
+        try:
+            outcome = state.with_pool(lambda pool: run_plan(trace, pool, on_point, *params[1:]))
+        except ValueError as e:
+            progress_area.empty()
+            st.error(f"Cannot plan: {e}")
+            st.stop()
+        plan_store().put(params, outcome)
+    shown = {
+        "params": params,
+        "outcome": outcome,
+        "wall": time.perf_counter() - t0,
+        "trace": full_trace.name,
+        "requests": len(trace),
+        "of": len(full_trace),
+        "rate": float(rate),
+    }
+    st.session_state[RESULT] = shown
+
+outcome, result = shown["outcome"], shown["outcome"].result
+progress_area.progress(
+    1.0,
+    text=f"{result.num_simulations} simulations in {shown['wall']:.1f} s (plans are kept: Plan again is instant)",
 )
+n = outcome.num_requests
+st.caption(
+    f"Each candidate simulated {n:,} requests: the first {n:,} of {shown['trace']}"
+    + (f" ({shown['of']:,} in all)" if shown["of"] > n else " (all of it)")
+    + f", rescaled to {shown['rate']:g} req/s, {outcome.duration_s:,.1f} s of arrivals. "
+    "Press Plan to plan again with the form's settings."
+)
+note = logic.tail_note(n)
+if note:
+    st.warning(note)
 
 if outcome.latency_note:
     st.info(outcome.latency_note)
@@ -193,31 +244,35 @@ if mixed:
         "roofline for others: see the latency model column), so the ranking partly compares the models. "
         "Pick the roofline for all, or GPUs, TP degrees and block sizes with a shipped profile each."
     )
-best = result.best
+best, overloaded = logic.plan_pick(result, outcome.duration_s)
+if overloaded:
+    st.warning(overloaded)
 if best is not None:
     row = best.row or {}
+    load = logic.load_verdict(row, outcome.duration_s)
     st.success(
         f"**Recommended: {best.replicas} x {best.option.gpu} at TP {best.option.tp}** "
-        f"({best.num_gpus} GPUs, block {best.option.block_size}, max_num_seqs {best.option.max_num_seqs}, "
-        f"max_num_batched_tokens {best.option.max_num_batched_tokens}; latency {row_latency(row)})"
+        f"({best.num_gpus} GPUs, block {best.option.block_size}, at most {best.option.max_num_seqs} sequences "
+        f"and {best.option.max_num_batched_tokens:,} tokens per step; latency {row_latency(row)}; "
+        f"serves {load.served_rps:,.1f} of {load.offered_rps:,.1f} req/s offered)"
     )
     m = st.columns(5)
     m[0].metric("Cost per hour", f"${best.cost_per_hour:,.2f}")
     per_m = row.get("cost_per_million_output_tokens_usd", math.inf)
     m[1].metric("Per M output tokens", "n/a" if not math.isfinite(per_m) else f"${per_m:,.3f}")
-    m[2].metric("p99 TTFT", f"{row.get('ttft_p99_s', math.nan):.3f} s")
-    m[3].metric("p99 TPOT", f"{row.get('tpot_p99_s', math.nan) * 1e3:.1f} ms")
-    m[4].metric("p99 E2E", f"{row.get('e2e_p99_s', math.nan):.2f} s")
-else:
+    m[2].metric("p99 TTFT", logic.format_ms(row.get("ttft_p99_s", math.nan)))
+    m[3].metric("p99 TPOT", logic.format_ms(row.get("tpot_p99_s", math.nan)))
+    m[4].metric("p99 E2E", logic.format_ms(row.get("e2e_p99_s", math.nan)))
+elif result.best is None:
     msg = f"No configuration meets the objectives within {result.max_gpus} GPUs."
     if result.closest is not None:
         c = result.closest
         msg += f" Closest: {c.replicas} x {c.option.gpu} TP {c.option.tp}, which misses: " + "; ".join(
-            str(v) for v in c.failed
+            logic.describe_miss(v) for v in c.failed
         )
     st.warning(msg)
 
-cands = logic.plan_candidates(result)
+cands = logic.plan_candidates(result, outcome.duration_s)
 st.subheader("Candidates")
 st.dataframe(
     cands.style.format({k: v for k, v in CANDIDATE_FORMATS.items() if k in cands}, na_rep="–"),
@@ -241,11 +296,12 @@ if not points.empty:
             & (points["max_num_batched_tokens"] == best.option.max_num_batched_tokens)
         ]
         rec = int(match.index[0]) if len(match) else None
-    st.plotly_chart(figures.pareto_figure(points, column, metric, rec), key="cap_pareto")
+    st.plotly_chart(
+        figures.pareto_figure(points, column, metric, rec), key="cap_pareto", config=figures.CHART_CONFIG
+    )
     with st.expander(f"All {len(points)} simulated points"):
-        cols = ["label", "latency model", "meets_slo", "cost_per_hour_usd"]
-        cols += ["cost_per_million_output_tokens_usd", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s"]
-        cols += ["output_tok_s", "num_preemptions", "failed"]
-        st.dataframe(pd.DataFrame(points[[c for c in cols if c in points]]), hide_index=True)
+        st.dataframe(
+            logic.points_table(points).style.format(logic.POINT_FORMATS, na_rep="–"), hide_index=True
+        )
 else:
     st.warning("No configuration could be simulated: see the candidates' reasons above.")

@@ -135,11 +135,13 @@ if records is not None:
 
 c1, c2 = st.columns(2)
 c1.plotly_chart(
-    figures.decode_figure(logic.decode_curves(model, BATCH_SIZES, CONTEXTS), residuals), key="prof_decode"
+    figures.decode_figure(logic.decode_curves(model, BATCH_SIZES, CONTEXTS), residuals),
+    key="prof_decode",
+    config=figures.CHART_CONFIG,
 )
 prefill = logic.prefill_curves(model, PREFILL_TOKENS, cached=(0, 4096))
-c2.plotly_chart(figures.prefill_figure(prefill, residuals), key="prof_prefill")
-st.plotly_chart(figures.breakdown_figure(prefill), key="prof_breakdown")
+c2.plotly_chart(figures.prefill_figure(prefill, residuals), key="prof_prefill", config=figures.CHART_CONFIG)
+st.plotly_chart(figures.breakdown_figure(prefill), key="prof_breakdown", config=figures.CHART_CONFIG)
 
 st.subheader("Residuals against the step records")
 if residuals is None:
@@ -154,5 +156,5 @@ else:
         hide_index=True,
         key="prof_residual_table",
     )
-    st.plotly_chart(figures.residual_figure(residuals), key="prof_residuals")
+    st.plotly_chart(figures.residual_figure(residuals), key="prof_residuals", config=figures.CHART_CONFIG)
     st.caption(f"Measured column: {validate.measured_column(records, model)}; {Path(records_file.name).name}")

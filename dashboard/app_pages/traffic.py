@@ -135,21 +135,31 @@ if key is not None:
         m[1].metric("Prefix block reuse", "n/a" if s["block_reuse"] is None else f"{s['block_reuse']:.1%}")
         m[2].metric("Sessions", "n/a" if s["sessions"] is None else f"{s['sessions']:,}")
 
-    st.plotly_chart(figures.arrival_rate_figure(views["rate"], views["bin_s"]), key="traffic_rate_chart")
+    st.plotly_chart(
+        figures.arrival_rate_figure(views["rate"], views["bin_s"]),
+        key="traffic_rate_chart",
+        config=figures.CHART_CONFIG,
+    )
     c1, c2 = st.columns(2)
     suffix = "" if log_x else "_lin"
     c1.plotly_chart(
         figures.histogram_figure(views["prompt" + suffix], "Prompt lengths", "prompt tokens", log_x),
         key="traffic_prompt_chart",
+        config=figures.CHART_CONFIG,
     )
     c2.plotly_chart(
         figures.histogram_figure(views["output" + suffix], "Output lengths", "output tokens", log_x),
         key="traffic_output_chart",
+        config=figures.CHART_CONFIG,
     )
     if views["reuse"] is None:
         st.caption("Prefix reuse: n/a, this trace carries no prefix identity (prefix_block_ids).")
     else:
-        st.plotly_chart(figures.prefix_reuse_figure(views["reuse"]), key="traffic_reuse_chart")
+        st.plotly_chart(
+            figures.prefix_reuse_figure(views["reuse"]),
+            key="traffic_reuse_chart",
+            config=figures.CHART_CONFIG,
+        )
     with st.expander("First rows"):
         cols = [c for c in trace.df.columns if c not in ("prefix_block_ids", "prompt_token_ids")]
         st.dataframe(trace.df[cols].head(200), hide_index=True)

@@ -128,13 +128,15 @@ st.dataframe(
     hide_index=True,
     key="val_table",
 )
-st.plotly_chart(figures.error_figure(table), key="val_errors")
+st.plotly_chart(figures.error_figure(table), key="val_errors", config=figures.CHART_CONFIG)
 
 st.subheader("Per request")
 metric_label = st.radio("Metric", list(logic.LATENCY_METRICS.values()), horizontal=True, key="val_metric")
 metric = {v: k for k, v in logic.LATENCY_METRICS.items()}[metric_label]
 paired = logic.paired_requests(view.real, view.sim)
-st.plotly_chart(figures.scatter_figure(paired, metric, metric_label), key="val_scatter")
+st.plotly_chart(
+    figures.scatter_figure(paired, metric, metric_label), key="val_scatter", config=figures.CHART_CONFIG
+)
 
 st.subheader("Step-time residuals")
 if view.steps is None or view.steps.empty:
@@ -148,4 +150,4 @@ else:
         hide_index=True,
         key="val_residual_table",
     )
-    st.plotly_chart(figures.residual_figure(view.steps), key="val_residuals")
+    st.plotly_chart(figures.residual_figure(view.steps), key="val_residuals", config=figures.CHART_CONFIG)

@@ -25,8 +25,10 @@ FORMATS = {
     "TTFT p99 (ms)": "{:,.1f}",
     "TPOT p50 (ms)": "{:,.2f}",
     "TPOT p99 (ms)": "{:,.2f}",
-    "E2E p50 (s)": "{:,.2f}",
-    "E2E p99 (s)": "{:,.2f}",
+    "E2E p50 (ms)": "{:,.0f}",
+    "E2E p99 (ms)": "{:,.0f}",
+    "offered (req/s)": "{:,.1f}",
+    "served (req/s)": "{:,.1f}",
     "throughput (req/s)": "{:,.2f}",
     "output tok/s": "{:,.0f}",
     "prefix hit rate": "{:.1%}",
@@ -45,14 +47,17 @@ def config_column(i: int, default: logic.ConfigSpec, container: DeltaGenerator) 
     block = c.selectbox(
         "Block size", BLOCK_SIZES, index=BLOCK_SIZES.index(default.block_size), key=f"wi_block_{i}"
     )
-    seqs = c.number_input("max_num_seqs", 1, 4096, default.max_num_seqs, key=f"wi_seqs_{i}")
+    seqs = c.number_input(
+        "Max sequences per batch", 1, 4096, default.max_num_seqs, key=f"wi_seqs_{i}", help="max_num_seqs"
+    )
     tokens = c.number_input(
-        "max_num_batched_tokens",
+        "Max tokens per step",
         16,
         1_048_576,
         default.max_num_batched_tokens,
         step=1024,
         key=f"wi_tokens_{i}",
+        help="max_num_batched_tokens",
     )
     tp = c.selectbox("TP", TPS, index=TPS.index(default.tensor_parallel_size), key=f"wi_tp_{i}")
     replicas = c.number_input("Replicas", 1, 64, default.num_replicas, key=f"wi_replicas_{i}")
@@ -153,6 +158,7 @@ with st.form("wi_configs", border=True):
         specs.append(config_column(i, default, cols[i]))
     st.form_submit_button("Compare", type="primary")
 specs = unique_labels(specs)
+progress_area = st.empty()  # the top of the results: a progress bar while configurations simulate
 
 model = resolve_model(model_key)
 jobs: list[logic.SimJob | None] = []
@@ -172,9 +178,21 @@ for spec in specs:
 trace_id = (trace_key, window or None, rate_scale)
 todo = [j for j in jobs if j is not None]
 t0 = time.perf_counter()
-with st.spinner(f"Simulating {len(todo)} configurations on {len(trace):,} requests…"):
-    outcomes = state.run_jobs(trace_id, trace, todo)
+bar = None
+
+
+def on_done(done: int, total: int) -> None:
+    global bar
+    text = f"Simulated {done} of {total} configurations on {len(trace):,} requests ({time.perf_counter() - t0:.0f} s)…"
+    if bar is None:
+        bar = progress_area.progress(0.0, text=text)
+    bar.progress(done / total, text=text)
+
+
+progress_area.progress(0.0, text=f"Simulating {len(todo)} configurations on {len(trace):,} requests…")
+outcomes = state.run_jobs(trace_id, trace, todo, on_done)
 wall = time.perf_counter() - t0
+progress_area.empty()
 results = {}
 it = iter(outcomes)
 for spec, job in zip(specs, jobs):
@@ -193,14 +211,23 @@ if not results:
 st.caption(f"{len(results)} configurations on {len(trace):,} requests in {wall:.1f} s (results are cached).")
 c1, c2 = st.columns([1, 3])
 objective = c1.selectbox("Best configuration by", list(logic.OBJECTIVES), key="wi_objective")
-with c2.expander("SLO (for the attainment column)", expanded=objective == "highest SLO attainment"):
+with c2:
     slo = state.slo_inputs("wi")
 table = logic.summary_table(results, slo)
 best = logic.best_config(table, objective)
+qualified = table["status"].isin(logic.QUALIFIED)
 if best:
-    st.success(f"Best by {objective}: **{best}**")
+    st.success(
+        f"Best by {objective}: **{best}** (of the {int(qualified.sum())} that meet the SLO and keep up)"
+    )
+elif not qualified.any():
+    offered = table["offered (req/s)"].max()
+    st.warning(
+        f"No configuration meets the SLO and keeps up with the {offered:,.1f} req/s offered, so none is "
+        "called best: see the status and why columns."
+    )
 else:
-    st.warning(f"No configuration has a value for {objective}.")
+    st.warning(f"No configuration that meets the SLO and keeps up has a value for {objective}.")
 mixed = logic.mixed_latency_warning(results)
 if mixed:
     st.warning(
@@ -211,7 +238,7 @@ if mixed:
     )
 st.dataframe(styled(table, best), key="wi_table")
 
-colors = figures.color_map(list(results))
+colors = figures.color_map([s.label for s in specs])  # by form column: a label keeps its colour
 # One view at a time: drawing every chart at once makes the page slower to render than to simulate.
 c1, c2 = st.columns([3, 1])
 view = c1.radio("Charts", VIEWS, horizontal=True, key="wi_view")
@@ -224,6 +251,7 @@ if view == VIEWS[0]:
         col.plotly_chart(
             figures.cdf_figure(logic.latency_cdfs(results, metric), label, colors, log_x, legend=False),
             key=f"wi_cdf_{metric}",
+            config=figures.CHART_CONFIG,
         )
 elif view == VIEWS[1]:
     timeline = logic.cluster_timeline(results)
@@ -238,12 +266,14 @@ elif view == VIEWS[1]:
             legend=False,
         ),
         key="wi_tput",
+        config=figures.CHART_CONFIG,
     )
     c2.plotly_chart(
         figures.timeline_figure(
             timeline, "kv_usage", "KV cache usage (mean over replicas)", "KV usage", colors, True, False
         ),
         key="wi_kv",
+        config=figures.CHART_CONFIG,
     )
     c1, c2 = st.columns(2)
     c1.plotly_chart(
@@ -251,16 +281,24 @@ elif view == VIEWS[1]:
             timeline, "num_waiting", "Queue length (waiting requests)", "requests", colors, legend=False
         ),
         key="wi_queue",
+        config=figures.CHART_CONFIG,
     )
     c2.plotly_chart(
         figures.timeline_figure(
             timeline, "num_running", "Running requests", "requests", colors, legend=False
         ),
         key="wi_running",
+        config=figures.CHART_CONFIG,
     )
 else:
     c1, c2 = st.columns(2)
-    c1.plotly_chart(figures.bar_figure(table, "preemptions", "Preemptions", colors), key="wi_preempt")
+    c1.plotly_chart(
+        figures.bar_figure(table, "preemptions", "Preemptions", colors),
+        key="wi_preempt",
+        config=figures.CHART_CONFIG,
+    )
     c2.plotly_chart(
-        figures.bar_figure(table, "prefix hit rate", "Prefix hit rate", colors, True), key="wi_hits"
+        figures.bar_figure(table, "prefix hit rate", "Prefix hit rate", colors, True),
+        key="wi_hits",
+        config=figures.CHART_CONFIG,
     )

@@ -164,16 +164,18 @@ def test_summary_table_and_best_config(two_results):
     assert table.loc["b", "max seqs"] == 8 and table.loc["a", "GPUs"] == 1
     assert table.loc["a", "$/h"] == pytest.approx(3.59)
     assert 0 <= table.loc["a", "SLO attainment"] <= 1
+    qualified = table[table["status"].isin(logic.QUALIFIED)]
+    assert list(qualified.index) == ["a"]  # b (8 sequences at a time) falls behind
     for objective, (column, larger) in logic.OBJECTIVES.items():
         best = logic.best_config(table, objective)
-        values = table[column]
+        values = qualified[column]
         assert values[best] == (values.max() if larger else values.min())
     assert np.isnan(logic.summary_table(results)["SLO attainment"]).all()
     assert logic.best_config(logic.summary_table(results), "highest SLO attainment") is None
 
 
 def test_best_config_ties_prefer_fewer_gpus():
-    table = pd.DataFrame({"GPUs": [4, 1, 2], "E2E p99 (s)": [1.0, 1.0, 2.0]}, index=["x", "y", "z"])
+    table = pd.DataFrame({"GPUs": [4, 1, 2], "E2E p99 (ms)": [1.0, 1.0, 2.0]}, index=["x", "y", "z"])
     assert logic.best_config(table, "lowest p99 E2E") == "y"
 
 
@@ -418,3 +420,125 @@ def test_main_cli_offers_dashboard():
 
     args = build_parser().parse_args(["dashboard", "--host", "0.0.0.0"])
     assert args.host == "0.0.0.0" and args.port == 8501
+
+
+# ---- planned traffic, load, best ----------------------------------------------------------------
+
+
+def test_plan_trace_is_a_fixed_number_of_requests_at_any_rate():
+    """The plan rescales the trace's first N requests: at 100 req/s as many requests as at 6 req/s
+    (a window cut before rescaling simulated a few seconds of traffic at a high rate)."""
+    trace = small_trace(400, rate_scale=1.0)
+    head = logic.plan_trace(trace, 300)
+    assert len(head) == 300 and head.df["arrival_s"].iloc[0] == trace.df["arrival_s"].iloc[0]
+    for rate in (6.0, 100.0):
+        scaled = traces.scale_rate(head, target_rate=rate)
+        assert len(scaled) == 300
+        assert scaled.duration_s == pytest.approx(300 / rate)
+    assert logic.plan_trace(trace, 0) is trace and logic.plan_trace(trace, 10_000) is trace
+    with pytest.raises(ValueError, match="requests to simulate"):
+        logic.plan_trace(trace, -1)
+
+
+def test_tail_note_says_which_request_a_p99_is():
+    assert "5th-worst request" in logic.tail_note(456)
+    assert "the worst request" in logic.tail_note(80)
+    assert "2nd-worst" in logic.tail_note(150)
+    assert logic.tail_note(1000) is None
+
+
+def test_load_verdict_offered_against_served():
+    light = {"num_requests": 100, "num_finished": 100, "queue_mean_s": 0.0}
+    assert logic.load_verdict(light, 10.0) == logic.Load(10.0, 10.0, logic.KEEPS_UP)
+    # A queue that grows: mean wait T/2 (lambda/mu - 1) = 5 s over T = 10 s -> mu = lambda / 2.
+    behind = {**light, "queue_mean_s": 5.0}
+    load = logic.load_verdict(behind, 10.0)
+    assert load.served_rps == pytest.approx(5.0) and load.verdict == logic.OVERLOADED
+    assert logic.load_verdict({**light, "queue_mean_s": 0.5}, 10.0).verdict == logic.NEAR_SATURATION
+    rejected = logic.load_verdict({**light, "num_finished": 50}, 10.0)
+    assert rejected.served_rps == pytest.approx(5.0)
+    assert logic.load_verdict({"num_requests": 1}, 10.0).verdict == logic.NO_LOAD
+
+
+def test_result_load_of_simulations_that_keep_up_and_fall_behind():
+    trace = small_trace(300, rate_scale=4.0)
+    model = resolve_model(MODEL)
+    jobs = [
+        logic.SimJob(logic.ConfigSpec("x", max_num_seqs=seqs).to_sim_config(model, GPU)) for seqs in (256, 8)
+    ]
+    fast, slow = (logic.result_load(r) for r in logic.run_jobs(trace, jobs))
+    assert fast.verdict == logic.KEEPS_UP and fast.offered_rps == pytest.approx(slow.offered_rps)
+    assert slow.verdict == logic.OVERLOADED and slow.served_rps < 0.5 * slow.offered_rps
+
+
+def test_best_config_only_among_those_that_meet_the_slo_and_keep_up():
+    table = pd.DataFrame(
+        {
+            "status": ["misses SLO, overloaded", "meets SLO, keeps up", "meets SLO, overloaded"],
+            "GPUs": [1, 1, 1],
+            "$/M output tokens": [0.1, 0.5, 0.2],
+            "SLO attainment": [0.0, 0.0, 0.0],
+        },
+        index=["cheap but behind", "ok", "behind"],
+    )
+    assert logic.best_config(table, "lowest $ per M output tokens") == "ok"
+    none = table.assign(status="misses SLO, keeps up")
+    assert logic.best_config(none, "highest SLO attainment") is None
+
+
+def test_summary_table_leads_with_status_cost_and_why(two_results):
+    _, _, results = two_results
+    table = logic.summary_table(results, SLO(ttft_s=2.0))
+    assert list(table.columns[: len(logic.LEAD_COLUMNS)]) == list(logic.LEAD_COLUMNS)
+    assert not [c for c in table.columns if "(s)" in c or "_" in c]  # ms, and no snake_case
+    assert table.loc["a", "status"] == "meets SLO, keeps up" and table.loc["a", "why"] == ""
+    b = table.loc["b"]  # 8 sequences at a time: falls behind the offered rate
+    assert b["status"] != "meets SLO, keeps up" and "req/s offered" in b["why"]
+    assert b["served (req/s)"] < b["offered (req/s)"]
+
+
+def test_config_status_names_the_missed_objective_in_ms():
+    summary = {"num_requests": 10, "num_finished": 10, "ttft_p99_s": 3.21, "queue_mean_s": 0.0}
+    load = logic.load_verdict(summary, 5.0)
+    status, why = logic.config_status(summary, load, logic.slo_objectives(SLO(ttft_s=2.0)))
+    assert status == "misses SLO, keeps up" and why == "p99 TTFT 3,210 ms > 2,000 ms"
+    assert logic.config_status(summary, load, ()) == ("keeps up", "")
+
+
+def test_plan_pick_passes_over_a_best_that_falls_behind():
+    from simulator.plan import Candidate, Option, PlanResult
+
+    opt = Option("H100-SXM", 1, 16, 256, 16384)
+    behind = {"num_requests": 100, "num_finished": 100, "queue_mean_s": 5.0}
+    keeps = {**behind, "queue_mean_s": 0.0}
+    best = Candidate(opt, "best", 3, behind)
+    other = Candidate(Option("H200-SXM", 1, 16, 256, 16384), "feasible", 4, keeps)
+    result = PlanResult(10.0, (), 8, [best, other], 2)
+    pick, why = logic.plan_pick(result, 10.0)
+    assert pick is other and "serves 5.0 of 10.0 req/s offered" in why
+    assert logic.plan_pick(PlanResult(10.0, (), 8, [best], 1), 10.0)[0] is None
+    ok = PlanResult(10.0, (), 8, [Candidate(opt, "best", 3, keeps)], 1)
+    assert logic.plan_pick(ok, 10.0) == (ok.best, None)
+
+
+def test_parse_int_list_names_the_field_and_the_item():
+    assert logic.parse_int_list(" 128, 256 ,", "Max sequences per batch") == (128, 256)
+    with pytest.raises(ValueError, match=r"Max sequences per batch: 'abc' is not a whole number"):
+        logic.parse_int_list("128,abc", "Max sequences per batch")
+    with pytest.raises(ValueError, match="positive"):
+        logic.parse_int_list("0", "x")
+
+
+def test_points_table_names_and_units():
+    points = pd.DataFrame(
+        {
+            "label": ["a"],
+            "meets_slo": [True],
+            "cost_per_hour_usd": [1.0],
+            "ttft_p99_s": [0.25],
+            "load": ["keeps up"],
+        }
+    )
+    out = logic.points_table(points)
+    assert list(out.columns) == ["configuration", "meets SLO", "load", "$/h", "TTFT p99 (ms)"]
+    assert out.loc[0, "TTFT p99 (ms)"] == 250 and out.loc[0, "meets SLO"] == "yes"

@@ -84,7 +84,7 @@ def test_whatif_compares_and_updates():
     no_exceptions(at)
     table2 = frame(at, "TTFT p99 (ms)")
     assert table2.loc["C: small batch", "max seqs"] == 4
-    assert table2.loc["C: small batch", "E2E p99 (s)"] != table.loc["C: small batch", "E2E p99 (s)"]
+    assert table2.loc["C: small batch", "E2E p99 (ms)"] != table.loc["C: small batch", "E2E p99 (ms)"]
     assert charts(at)["wi_cdf_e2e_s"]["data"][2] != first["wi_cdf_e2e_s"]["data"][2]
     # The other chart views.
     at.radio(key="wi_view").set_value("Throughput, KV and queues").run()
@@ -135,7 +135,7 @@ def test_capacity_plan():
     at = app_on("capacity")
     no_exceptions(at)
     assert any("press **Plan**" in t for t in texts(at.info))
-    at.number_input(key="cap_window").set_value(20.0)
+    at.number_input(key="cap_requests").set_value(120)
     at.number_input(key="cap_rate").set_value(6.0)
     button(at, "Plan").click().run()
     no_exceptions(at)
@@ -148,7 +148,7 @@ def test_capacity_plan():
     at.radio(key="cap_pareto_metric").set_value("TTFT").run()
     assert "TTFT" in charts(at)["cap_pareto"]["layout"]["xaxis"]["title"]["text"]
     # Impossible objectives: a warning with the closest miss, no exception.
-    at.number_input(key="cap_ttft").set_value(0.001)
+    at.number_input(key="cap_ttft").set_value(1.0)
     at.number_input(key="cap_max_gpus").set_value(2)
     button(at, "Plan").click().run()
     no_exceptions(at)
@@ -157,7 +157,7 @@ def test_capacity_plan():
 
 def test_capacity_plan_compares_like_with_like_unless_mixed():
     at = app_on("capacity")
-    at.number_input(key="cap_window").set_value(20.0)
+    at.number_input(key="cap_requests").set_value(100)
     at.number_input(key="cap_rate").set_value(6.0)
     at.multiselect(key="cap_tps").set_value([1])
     button(at, "Plan").click().run()
@@ -172,6 +172,85 @@ def test_capacity_plan_compares_like_with_like_unless_mixed():
     no_exceptions(at)
     assert any("different latency models" in t for t in texts(at.warning))
     assert "fitted qwen3-8b_h200_tp1_bs16.json" in set(frame(at, "why")["latency model"])
+
+
+def test_capacity_plan_simulates_a_fixed_number_of_requests():
+    """The candidates simulate the trace's first N requests rescaled to the rate: as many at 30
+    req/s as at 6 req/s, over a shorter time; the caption says how many and how long, and a warning
+    says that a p99 of 150 requests is the 2nd-worst one."""
+    at = app_on("capacity")
+    at.number_input(key="cap_requests").set_value(150)
+    at.multiselect(key="cap_tps").set_value([1])
+    for rate, seconds in ((6.0, "25.0 s of arrivals"), (30.0, "5.0 s of arrivals")):
+        at.number_input(key="cap_rate").set_value(rate)
+        button(at, "Plan").click().run()
+        no_exceptions(at)
+        caption = next(t for t in texts(at.caption) if "Each candidate simulated" in t)
+        assert "150 requests" in caption and seconds in caption, caption
+        assert any("2nd-worst request" in t for t in texts(at.warning))
+    assert "load" in frame(at, "why") and "served (req/s)" in frame(at, "why")
+
+
+def test_capacity_plan_located_error_for_a_bad_batch_limit():
+    at = app_on("capacity")
+    at.text_input(key="cap_seqs").set_value("128,abc")
+    button(at, "Plan").click().run()
+    no_exceptions(at)
+    (error,) = texts(at.error)
+    assert "Max sequences per batch: 'abc' is not a whole number" in error
+    assert "invalid literal" not in error
+
+
+def test_capacity_plan_stays_until_the_next_click():
+    """A plan shown stays on the page without re-planning: leaving for another page and coming back
+    shows the same plan, with the form as it was, and plans nothing until Plan is pressed."""
+    at = app_on("capacity")
+    at.number_input(key="cap_requests").set_value(100)
+    at.number_input(key="cap_rate").set_value(5.0)
+    at.multiselect(key="cap_tps").set_value([1])
+    button(at, "Plan").click().run()
+    no_exceptions(at)
+    shown = at.session_state["cap_result"]
+    at.switch_page("app_pages/traffic.py").run()
+    no_exceptions(at)
+    at.switch_page("app_pages/capacity.py").run()
+    no_exceptions(at)
+    assert at.number_input(key="cap_rate").value == 5.0 and at.number_input(key="cap_requests").value == 100
+    assert at.multiselect(key="cap_tps").value == [1]
+    assert at.session_state["cap_result"] is shown  # the same plan, not planned again
+    assert any("Recommended" in t for t in texts(at.success))
+
+
+def test_whatif_keeps_its_settings_across_pages():
+    at = app_on("whatif", wi_window=20.0, wi_n=2)
+    at.number_input(key="wi_rate").set_value(2.0).run()
+    at.number_input(key="wi_seqs_1").set_value(32)
+    button(at, "Compare").click().run()
+    no_exceptions(at)
+    at.switch_page("app_pages/capacity.py").run()
+    at.switch_page("app_pages/whatif.py").run()
+    no_exceptions(at)
+    assert at.number_input(key="wi_rate").value == 2.0 and at.number_input(key="wi_seqs_1").value == 32
+    assert frame(at, "status").iloc[1]["max seqs"] == 32
+
+
+def test_whatif_best_only_among_configurations_that_keep_up():
+    """A configuration of 2 sequences at a time has the lowest TPOT but falls far behind the offered
+    rate: it is not called best, and its status and why say so; with objectives nothing meets, no
+    configuration is best and a warning says none meets the SLO and keeps up."""
+    at = app_on("whatif", wi_window=20.0, wi_n=2, wi_objective="lowest p99 TPOT")
+    at.number_input(key="wi_seqs_1").set_value(2)
+    button(at, "Compare").click().run()
+    no_exceptions(at)
+    table = frame(at, "status")
+    throttled = table.iloc[1]
+    assert throttled["TPOT p99 (ms)"] < table.iloc[0]["TPOT p99 (ms)"]
+    assert "overloaded" in throttled["status"] and "req/s offered" in throttled["why"]
+    assert any("Best by lowest p99 TPOT: **A: default**" in t for t in texts(at.success))
+    at.number_input(key="wi_slo_ttft").set_value(1.0).run()  # 1 ms: nothing meets it
+    no_exceptions(at)
+    assert not at.success
+    assert any("No configuration meets the SLO and keeps up" in t for t in texts(at.warning))
 
 
 def test_capacity_rejects_no_objective():
