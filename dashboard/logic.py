@@ -6,6 +6,8 @@ frames to `dashboard.figures`. Unit tested in tests/dashboard/test_logic.py.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import json
 import math
@@ -1129,9 +1131,79 @@ def matching_profile(folder: str | Path, kind: str) -> Path | None:
     return path if same else None
 
 
+_REPEAT_TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_len", "output_len")
+
+
+@functools.lru_cache(maxsize=256)
+def _replay_signature(folder: str, mtimes: tuple[float, ...]) -> str | None:
+    try:
+        meta = json.loads((Path(folder) / "run.json").read_text())
+        df = pd.read_parquet(Path(folder) / "trace.parquet", columns=list(_REPEAT_TRACE_COLUMNS))
+    except Exception:  # unreadable: offered as a repeat of nothing
+        return None
+    h = hashlib.sha1(json.dumps([meta.get(f) for f in validate.REPEAT_FIELDS], default=str).encode())
+    for c in _REPEAT_TRACE_COLUMNS:
+        h.update(np.ascontiguousarray(df[c].to_numpy()).tobytes())
+    return h.hexdigest()
+
+
+def replay_signature(folder: str | Path) -> str | None:
+    """What a repeat shares with the replay it repeats: the run.json fields that
+    `simulator.validate.read_repeat` checks and the trace's requests (None when unreadable)."""
+    folder = Path(folder)
+    try:
+        mtimes = tuple((folder / f).stat().st_mtime for f in ("run.json", "trace.parquet"))
+    except OSError:
+        return None
+    return _replay_signature(str(folder), mtimes)
+
+
 def repeat_candidates(folder: str | Path, runs: list[tuple[Path, str]]) -> list[Path]:
-    """The other replay folders among `runs`: what could repeat `folder` (checked when chosen)."""
-    return [p for p, kind in runs if kind == REPLAY and p != Path(folder)]
+    """The other replay folders among `runs` that serve the same trace on the same configuration as
+    `folder`: the runs that can repeat it."""
+    own = replay_signature(folder)
+    if own is None:
+        return []
+    return [p for p, kind in runs if kind == REPLAY and p != Path(folder) and replay_signature(p) == own]
+
+
+# How the Sim vs real page names the compared metrics: (label, scale); times in ms.
+_METRIC_NAMES = {"throughput_rps": ("throughput (req/s)", 1.0), "output_tok_s": ("output tok/s", 1.0)}
+
+
+def metric_label(metric: str) -> tuple[str, float]:
+    """`ttft_p50_s` -> (`TTFT p50 (ms)`, 1000): a summary key as the pages name it, and its scale."""
+    if metric in _METRIC_NAMES:
+        return _METRIC_NAMES[metric]
+    name, _, stat = metric.removesuffix("_s").partition("_")
+    return f"{name.upper()} {stat} (ms)", 1e3
+
+
+def validation_table(table: pd.DataFrame) -> pd.DataFrame:
+    """`simulator.validate.compare`'s table as the page shows it: metrics named as elsewhere, times in
+    ms, columns `simulated`, `error`, `target`, `within target` (yes / no / blank) and, with a repeat,
+    `repeat` and `real vs real`."""
+    labels = [metric_label(m) for m in table["metric"]]
+    scale = np.array([x for _, x in labels])
+    out = pd.DataFrame({"metric": [n for n, _ in labels], "real": table["real"].to_numpy(float) * scale})
+    out["simulated"] = table["sim"].to_numpy(float) * scale
+    out["error"] = table["rel_error"].to_numpy(float)
+    out["target"] = table["target"].to_numpy(float)
+    out["within target"] = table["ok"].map({True: "yes", False: "no"}).fillna("").to_numpy()
+    if "repeat" in table:
+        out["repeat"] = table["repeat"].to_numpy(float) * scale
+        out["real vs real"] = table["repeat_error"].to_numpy(float)
+    return out
+
+
+VALIDATION_FORMATS = {
+    "real": "{:,.2f}",
+    "simulated": "{:,.2f}",
+    "error": "{:+.1%}",
+    "target": "±{:.0%}",
+    "repeat": "{:,.2f}",
+    "real vs real": "{:+.1%}",
+}
 
 
 def paired_requests(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:

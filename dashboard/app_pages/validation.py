@@ -87,6 +87,8 @@ profile = c2.selectbox(
     "decode kernel, async scheduling); otherwise the roofline.",
 )
 repeats = [str(p) for p in logic.repeat_candidates(folder, runs)] if kind == logic.REPLAY else []
+if st.session_state.get("val_repeat") not in (None, *repeats):
+    st.session_state["val_repeat"] = None  # a repeat of the run shown before
 repeat = None
 if repeats:
     repeat = st.selectbox(
@@ -97,11 +99,18 @@ if repeats:
         help="Another replay of the same trace and configuration: its metrics and its difference from "
         "this run join the table, the real system's own run-to-run spread beside the simulator's error.",
     )
-try:
-    view = cached_view(folder, kind, profile, repeat, _mtime(Path(folder)))
-except (ValueError, FileNotFoundError, KeyError) as e:
-    st.error(f"Cannot load this validation run: {e}")
-    st.stop()
+view = None
+if repeat is not None:
+    try:
+        view = cached_view(folder, kind, profile, repeat, _mtime(Path(folder)))
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        st.error(f"Cannot compare with this repeat run, shown without it: {e}")
+if view is None:
+    try:
+        view = cached_view(folder, kind, profile, None, _mtime(Path(folder)))
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        st.error(f"Cannot load this validation run: {e}")
+        st.stop()
 if view.note:
     st.caption(view.note)
 
@@ -114,21 +123,15 @@ if len(ok):
         f"({len(view.real):,} real and {len(view.sim):,} simulated requests)."
     )
 st.subheader("Per-metric error")
+shown = logic.validation_table(table)
 st.dataframe(
-    table.style.format(
-        {
-            "real": "{:.4g}",
-            "sim": "{:.4g}",
-            "rel_error": "{:+.1%}",
-            "target": "±{:.0%}",
-            **({"repeat": "{:.4g}", "repeat_error": "{:+.1%}"} if "repeat" in table else {}),
-        },
-        na_rep="–",
-    ),
+    shown.style.format({k: v for k, v in logic.VALIDATION_FORMATS.items() if k in shown}, na_rep=""),
     hide_index=True,
     key="val_table",
 )
-st.plotly_chart(figures.error_figure(table), key="val_errors", config=figures.CHART_CONFIG)
+st.plotly_chart(
+    figures.error_figure(table.assign(metric=shown["metric"])), key="val_errors", config=figures.CHART_CONFIG
+)
 
 st.subheader("Per request")
 metric_label = st.radio("Metric", list(logic.LATENCY_METRICS.values()), horizontal=True, key="val_metric")

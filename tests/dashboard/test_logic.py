@@ -542,3 +542,31 @@ def test_points_table_names_and_units():
     out = logic.points_table(points)
     assert list(out.columns) == ["configuration", "meets SLO", "load", "$/h", "TTFT p99 (ms)"]
     assert out.loc[0, "TTFT p99 (ms)"] == 250 and out.loc[0, "meets SLO"] == "yes"
+
+
+def test_repeat_candidates_are_runs_of_the_same_trace_and_configuration(tmp_path):
+    import dash_samples
+
+    replay = dash_samples.write_replay_run(tmp_path / "a")
+    dash_samples.write_repeat_run(replay, tmp_path / "a-again")
+    dash_samples.write_replay_run(tmp_path / "other-trace", num_requests=100)
+    other = dash_samples.write_repeat_run(replay, tmp_path / "other-config")
+    meta = json.loads((other / "run.json").read_text())
+    (other / "run.json").write_text(json.dumps({**meta, "max_num_seqs": 8}))
+    runs = logic.find_validation_runs(tmp_path)
+    assert len([k for _, k in runs if k == logic.REPLAY]) == 4
+    assert logic.repeat_candidates(replay, runs) == [tmp_path / "a-again"]
+    assert logic.repeat_candidates(tmp_path / "other-trace", runs) == []
+
+
+def test_validation_table_names_metrics_and_times_in_ms():
+    table = validate.compare(
+        {"throughput_rps": 2.0, "ttft_p50_s": 0.1, "tpot_mean_s": 0.02},
+        {"throughput_rps": 2.1, "ttft_p50_s": 0.12, "tpot_mean_s": 0.02},
+    )
+    shown = logic.validation_table(table).set_index("metric")
+    assert shown.loc["throughput (req/s)", "simulated"] == pytest.approx(2.1)
+    assert shown.loc["TTFT p50 (ms)", "real"] == pytest.approx(100.0)
+    assert shown.loc["TTFT p50 (ms)", "within target"] == "no"  # +20 % against 10 %
+    assert shown.loc["TPOT mean (ms)", "within target"] == "yes"
+    assert not [c for c in shown.columns if "_" in c]

@@ -276,7 +276,7 @@ def test_validation_runs(validation_root, monkeypatch):
     monkeypatch.setenv("KVPLAN_VALIDATION_DIR", str(validation_root))
     at = app_on("validation")
     no_exceptions(at)
-    assert frame(at, "rel_error")["metric"].iloc[0] == "throughput_rps"
+    assert frame(at, "error")["metric"].iloc[0] == "throughput (req/s)"
     first = charts(at)
     assert {"val_errors", "val_scatter", "val_residuals"} <= set(first)
     at.radio(key="val_metric").set_value("E2E").run()
@@ -285,15 +285,13 @@ def test_validation_runs(validation_root, monkeypatch):
     replay = next(o for o in at.selectbox(key="val_run").options if "replay" in o)
     at.selectbox(key="val_run").set_value(replay).run()
     no_exceptions(at)
-    assert frame(at, "rel_error")["rel_error"].abs().max() > 0.01
+    assert frame(at, "error")["error"].abs().max() > 0.01
     assert "val_residuals" in charts(at)
     # With the fitted profile beside the pair run, the re-simulation matches the "real" run closely.
     profile = next(o for o in at.selectbox(key="val_profile").options if o and o.endswith("profile.json"))
     at.selectbox(key="val_profile").set_value(profile).run()
     no_exceptions(at)
-    assert frame(at, "rel_error").set_index("metric").loc["e2e_p50_s", "rel_error"] == pytest.approx(
-        0, abs=0.05
-    )
+    assert frame(at, "error").set_index("metric").loc["E2E p50 (ms)", "error"] == pytest.approx(0, abs=0.05)
 
 
 def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
@@ -326,15 +324,32 @@ def test_validation_repeat_run(validation_root, monkeypatch):
     replay = str(validation_root / "replay-run")
     at.selectbox(key="val_run").set_value(replay).run()
     no_exceptions(at)
-    assert "repeat_error" not in frame(at, "rel_error")
+    assert "real vs real" not in frame(at, "error")
     repeat = at.selectbox(key="val_repeat")
     assert repeat.options == ["none", f"replay-run-again — {'replay folder (re-simulated here)'}"]
     repeat.set_value(str(validation_root / "replay-run-again")).run()
     no_exceptions(at)
-    table = frame(at, "rel_error").set_index("metric")
-    real = table.loc["ttft_p50_s", "real"]
-    assert table.loc["ttft_p50_s", "repeat"] == pytest.approx(real + 0.01, abs=1e-9)
-    assert table.loc["ttft_p50_s", "repeat_error"] == pytest.approx(0.01 / real, rel=1e-6)
+    table = frame(at, "error").set_index("metric")
+    real = table.loc["TTFT p50 (ms)", "real"]
+    assert table.loc["TTFT p50 (ms)", "repeat"] == pytest.approx(real + 10.0, abs=1e-6)  # 10 ms later
+    assert table.loc["TTFT p50 (ms)", "real vs real"] == pytest.approx(10.0 / real, rel=1e-6)
+
+
+def test_validation_a_repeat_that_fails_to_load_keeps_the_run(tmp_path, monkeypatch):
+    """A repeat run whose requests cannot be read: an error says so, and the run is still shown."""
+    import dash_samples
+
+    replay = dash_samples.write_replay_run(tmp_path / "replay-run")
+    bad = dash_samples.write_repeat_run(replay, tmp_path / "replay-broken")
+    (bad / "requests.parquet").write_bytes(b"not parquet")
+    monkeypatch.setenv("KVPLAN_VALIDATION_DIR", str(tmp_path))
+    at = app_on("validation")
+    at.selectbox(key="val_run").set_value(str(replay)).run()
+    at.selectbox(key="val_repeat").set_value(str(bad)).run()
+    no_exceptions(at)
+    assert any("Cannot compare with this repeat run" in t for t in texts(at.error))
+    assert "real vs real" not in frame(at, "error") and len(frame(at, "error")) > 5
+    assert "val_scatter" in charts(at)
 
 
 # ---- Engine profile -------------------------------------------------------------------------------------
