@@ -184,15 +184,16 @@ def generator_spec(
     zipf: float = 1.0,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """A `traces.generate` spec from the Traffic page's generator widgets (length specs as text)."""
+    """A `traces.generate` spec from the Traffic page's generator widgets (length specs as text).
+    A length spec that cannot be read or sampled is a ValueError naming its field and its text."""
     spec: dict[str, Any] = {
         "name": f"generated-{arrival}-{rate:g}rps-seed{seed}",
         "seed": int(seed),
         "num_requests": int(num_requests),
         "arrival": arrival,
         "rate": float(rate),
-        "prompt": traces.parse_length_spec(prompt),
-        "output": traces.parse_length_spec(output),
+        "prompt": length_spec("Prompt lengths", prompt),
+        "output": length_spec("Output lengths", output),
     }
     if arrival == "gamma":
         spec["cv"] = float(cv)
@@ -202,6 +203,35 @@ def generator_spec(
             "prefix_len": int(prefix_len),
             "zipf": zipf,
         }
+    return spec
+
+
+LENGTH_EXAMPLES = "a number (256), uniform:LOW,HIGH, lognormal:MEAN,SIGMA or empirical:azure_conv_2023"
+
+
+def length_spec(field: str, text: str) -> dict[str, Any]:
+    """`traces.parse_length_spec(text)`, checked by sampling two lengths from it; a ValueError that
+    names `field`, the text and what is wrong (never Python's own wording) otherwise."""
+    text = str(text).strip()
+
+    def fail(why: str) -> ValueError:
+        return ValueError(f"{field} {text!r}: {why}. Give {LENGTH_EXAMPLES}")
+
+    try:
+        spec = traces.parse_length_spec(text)
+    except ValueError as e:
+        message = str(e)
+        if message.startswith("could not convert") or message.startswith("invalid literal"):
+            bad = message.rsplit(":", 1)[-1].strip()
+            raise fail(f"{bad} is not a number") from None
+        if "too many values" in message:
+            raise fail("too many values") from None
+        raise fail("not a length spec" if message.startswith("cannot parse") else message) from None
+    probe = {"name": "probe", "seed": 0, "num_requests": 2, "arrival": "constant", "rate": 1.0}
+    try:
+        traces.generate({**probe, "prompt": spec, "output": {"kind": "fixed", "value": 1}})
+    except (ValueError, FileNotFoundError, KeyError, TypeError) as e:
+        raise fail(str(e).strip("'\"")) from None
     return spec
 
 
@@ -1277,6 +1307,27 @@ def profile_files(*dirs: str | Path) -> list[Path]:
             except (OSError, ValueError, AttributeError):
                 continue
     return out
+
+
+def read_profile_json(data: bytes, filename: str) -> LatencyProfile:
+    """A latency profile from uploaded JSON bytes; a ValueError naming the file for bytes that are not
+    JSON, JSON that is not an object (a list, a number) or an object that is not a profile."""
+    safe = Path(filename).name
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{safe}: not JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"{safe}: a latency profile is a JSON object (written by kvplan profile); this file holds "
+            f"a {type(raw).__name__ if raw is not None else 'null'}"
+        )
+    try:
+        return LatencyProfile.from_dict(raw, where=safe)
+    except ValueError:
+        raise
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{safe}: not a latency profile ({type(e).__name__}: {e})") from None
 
 
 def profile_coefficients(profile: Any) -> pd.DataFrame:

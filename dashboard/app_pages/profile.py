@@ -5,7 +5,6 @@ step records, the measured steps over the curves and the fit's residuals.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +21,7 @@ ROOFLINE = "roofline (no profile)…"
 FIT = "fit on the uploaded step records"
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 CONTEXTS = [512, 2048, 8192]
+TARGETS = {"wall_time_s": "wall time per step", "gpu_time_s": "GPU time per step"}
 PREFILL_TOKENS = [16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
@@ -78,7 +78,7 @@ try:
         if up is None:
             st.info("Upload a latency profile JSON (written by `kvplan profile`).")
             st.stop()
-        profile = LatencyProfile.from_dict(json.loads(up.getvalue()), where=up.name)
+        profile = logic.read_profile_json(up.getvalue(), up.name)
     elif source == FIT:
         model = fit_records(records_file.name, records, len(records))
         label = f"fitted on {records_file.name} (median loss, no split-KV term)"
@@ -101,9 +101,10 @@ st.subheader(label)
 if profile is not None:
     m = st.columns(4)
     m[0].metric("Fitted on", f"{profile.num_records:,} steps")
-    m[1].metric("Target", profile.target or "?")
-    m[2].metric("Backend", profile.attention_backend or "?")
-    m[3].metric("Largest decode graph", profile.max_graph_batch_size)
+    m[1].metric("Fitted to", TARGETS.get(profile.target, profile.target or "not recorded"))
+    m[2].metric("Attention backend", profile.attention_backend or "not recorded")
+    graph = profile.max_graph_batch_size
+    m[3].metric("Largest decode graph", f"{graph:,} sequences" if graph else "not recorded")
     cache = profile.calibration_num_kv_blocks
     st.caption(
         f"engine {profile.engine_version or '?'}, created {profile.created or '?'}; "

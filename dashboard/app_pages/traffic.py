@@ -88,7 +88,7 @@ def pick_trace() -> str | None:
                 seed=int(seed),
             )
             st.session_state["traffic_generated"] = state.add_generated(spec)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, FileNotFoundError) as e:
             st.error(f"Could not generate this trace: {e}")
             return None
     key = st.session_state.get("traffic_generated")

@@ -570,3 +570,57 @@ def test_validation_table_names_metrics_and_times_in_ms():
     assert shown.loc["TTFT p50 (ms)", "within target"] == "no"  # +20 % against 10 %
     assert shown.loc["TPOT mean (ms)", "within target"] == "yes"
     assert not [c for c in shown.columns if "_" in c]
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("lognormal:abc", "Prompt lengths 'lognormal:abc': 'abc' is not a number"),
+        ("128,abc", "Prompt lengths '128,abc': not a length spec"),
+        ("uniform:5,1", "Prompt lengths 'uniform:5,1': uniform lengths need 1 <= low <= high"),
+        ("empirical:nope", "Prompt lengths 'empirical:nope': nope: no such trace file"),
+    ],
+)
+def test_generator_spec_errors_name_the_field(text, says):
+    with pytest.raises(ValueError) as info:
+        logic.generator_spec(num_requests=10, rate=1.0, prompt=text)
+    assert str(info.value).startswith(says) and "could not convert" not in str(info.value)
+
+
+def test_read_profile_json_rejects_what_is_not_a_profile(tmp_path, records):
+    with pytest.raises(ValueError, match=r"p\.json: a latency profile is a JSON object .* holds a list"):
+        logic.read_profile_json(b"[1, 2]", "p.json")
+    with pytest.raises(ValueError, match=r"p\.json: not JSON"):
+        logic.read_profile_json(b"{nope", "p.json")
+    path = write_profile(tmp_path / "ok.json", records)
+    assert logic.read_profile_json(path.read_bytes(), "ok.json").gpu == LatencyProfile.load(path).gpu
+
+
+def test_all_zero_charts_carry_a_note():
+    table = pd.DataFrame({"preemptions": [0, 0]}, index=["a", "b"])
+    fig = figures.bar_figure(table, "preemptions", "Preemptions", figures.color_map(["a", "b"]))
+    assert any("zero in every configuration" in a.text for a in fig.layout.annotations)
+    some = figures.bar_figure(table.assign(preemptions=[0, 3]), "preemptions", "P", figures.color_map("ab"))
+    assert not some.layout.annotations
+    timeline = pd.DataFrame({"config": ["a"] * 3, "time_s": [0, 1, 2], "num_waiting": [0, 0, 0]})
+    fig = figures.timeline_figure(timeline, "num_waiting", "Queue", "requests", {})
+    assert any("zero throughout" in a.text for a in fig.layout.annotations)
+
+
+def test_fixed_colours_for_verdicts_and_step_kinds():
+    points = pd.DataFrame(
+        {
+            "label": ["x"],
+            "meets_slo": [False],
+            "cost_per_hour_usd": [1.0],
+            "e2e_p99_s": [2.0],
+            "pareto": [True],
+        }
+    )
+    (trace,) = figures.pareto_figure(points, "e2e_p99_s", "E2E", None).data
+    assert trace.name == "misses SLO" and trace.marker.color == figures.SLO_COLORS["misses SLO"]
+    assert trace.x[0] == 2000.0  # ms
+    res = pd.DataFrame(
+        {"kind": ["mixed"], "total_num_scheduled_tokens": [10], "residual": [0.1], "num_seqs": [1]}
+    ).assign(measured_s=1.0, predicted_s=1.1)
+    assert figures.residual_figure(res).data[0].marker.color == figures.KIND_COLORS["mixed"]

@@ -3,12 +3,16 @@ checks that figures and tables update and that no exception is shown."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 from dash_apptest import app_on, button, charts, frame, no_exceptions, texts
 from dash_samples import step_records
+
+from dashboard import figures
 
 # ---- Traffic ----------------------------------------------------------------------------------------
 
@@ -63,6 +67,14 @@ def test_traffic_generate():
     button(at, "Generate").click().run()
     no_exceptions(at)
     assert any("Could not generate" in t for t in texts(at.error))
+    for text, says in (
+        ("lognormal:abc", "Prompt lengths 'lognormal:abc': 'abc' is not a number"),
+        ("empirical:nope", "Prompt lengths 'empirical:nope': nope: no such trace file"),
+    ):
+        at.text_input(key="gen_prompt").set_value(text)
+        button(at, "Generate").click().run()
+        no_exceptions(at)
+        assert any(says in t for t in texts(at.error)), texts(at.error)
 
 
 # ---- What-if --------------------------------------------------------------------------------------------
@@ -390,6 +402,9 @@ def test_profile_bad_uploads_are_errors():
     at.file_uploader(key="prof_upload").set_value(("p.json", b'{"format": "nope"}', "application/json")).run()
     no_exceptions(at)
     assert any("not a latency profile" in t for t in texts(at.error))
+    at.file_uploader(key="prof_upload").set_value(("list.json", b"[1, 2]", "application/json")).run()
+    no_exceptions(at)
+    assert any("list.json: a latency profile is a JSON object" in t for t in texts(at.error))
 
 
 @pytest.mark.parametrize("page", ["traffic", "whatif", "capacity", "validation", "profile"])
@@ -397,3 +412,18 @@ def test_every_page_renders(page):
     at = app_on(page, wi_window=10.0)
     no_exceptions(at)
     assert at.title[0].value
+    for chart in at.get("plotly_chart"):  # no modebar over the charts' titles
+        assert json.loads(chart.proto.config)["displayModeBar"] is False
+
+
+def test_whatif_colours_follow_the_form_not_the_results():
+    """Configuration C keeps the colour of its form column when B cannot run (a fitted profile of
+    block 16 does not apply to B's block 256), as it does when every configuration runs."""
+    from simulator.run import SHIPPED_PROFILE_DIR
+
+    profile = str(SHIPPED_PROFILE_DIR / "qwen3-8b_h200_tp1_bs16.json")
+    at = app_on("whatif", wi_window=10.0, wi_latency=profile)
+    no_exceptions(at)
+    assert any(t.startswith("B: block 256") for t in texts(at.error))
+    lines = {t["name"]: t["line"]["color"] for t in charts(at)["wi_cdf_e2e_s"]["data"] if "line" in t}
+    assert lines["C: small batch"] == figures.PALETTE[2] and lines["D: 2 replicas"] == figures.PALETTE[3]
