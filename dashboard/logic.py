@@ -932,6 +932,46 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def plan_command(
+    trace: str | None,
+    num_requests: int,
+    model_key: str,
+    latency: str,
+    objectives: Sequence[plan.Objective],
+    rate: float,
+    gpus: Sequence[str],
+    tps: Sequence[int],
+    block_sizes: Sequence[int],
+    max_num_seqs: Sequence[int],
+    max_num_batched_tokens: Sequence[int],
+    max_gpus: int,
+    router: str,
+    mix_latency_models: bool = False,
+) -> str:
+    """The `kvplan plan` command line that plans what the page planned (`trace`: a shipped trace's
+    name or a file path; None: a trace only this session holds, shown as TRACE_FILE)."""
+    slo = ",".join(f"{o.name}={o.limit_s * 1e3:g}ms" for o in objectives)
+    parts = ["kvplan plan", f"--trace {trace or 'TRACE_FILE'}"]
+    if num_requests:
+        parts.append(f"--limit {int(num_requests)}")
+    parts += [
+        f"--rate {rate:g}",
+        f"--slo {slo}",
+        f"--model {model_key}",
+        f"--gpus {','.join(gpus)}",
+        f"--tp {','.join(map(str, tps))}",
+        f"--max-gpus {int(max_gpus)}",
+        f"--block-sizes {','.join(map(str, block_sizes))}",
+        f"--max-num-seqs {','.join(map(str, max_num_seqs))}",
+        f"--max-num-batched-tokens {','.join(map(str, max_num_batched_tokens))}",
+        f"--router {router}",
+        f"--profile {latency}",
+    ]
+    if mix_latency_models:
+        parts.append("--mix-latency-models")
+    return " ".join(parts)
+
+
 def plan_latency_warning(result: Any) -> str | None:
     """A banner when a PlanResult's candidates were simulated on different kinds of latency model."""
     return plan.mixed_latency_warning([c.row for c in result.candidates])

@@ -250,3 +250,29 @@ HELP = {
     "(decode speed). 0 = no objective.",
     "E2E": "End to end: from a request's arrival to its last token. 0 = no objective.",
 }
+GLOSSARY = {
+    "TTFT": "time to first token: from a request's arrival to its first output token (queueing and prefill).",
+    "TPOT": "time per output token: a request's mean time between output tokens after the first (decode).",
+    "E2E": "end to end: from a request's arrival to its last output token.",
+    "p50, p99": "percentiles: 99 % of requests did at least as well as the p99 and 1 % did worse. Of 1,000 "
+    "requests the p99 is the 10th-worst; of 100, the worst.",
+    "meets SLO": "every p99 within its objective and every request served (as kvplan plan counts it). "
+    "SLO attainment is the share of requests that met every objective.",
+    "offered, served, load": "offered is the rate requests arrive at; served the rate the configuration "
+    "takes them in (from how long they queue). Keeps up: served is at least 95 % of offered; near "
+    "saturation: 80-95 %; overloaded: below 80 %, its queue grows for as long as the traffic lasts.",
+    "preemptions": "times a running request was pushed out of the KV cache to make room, to be recomputed "
+    "later: a sign that the cache is small for the batch.",
+    "prefix hit rate": "share of prompt tokens already in the KV cache (a shared system prompt, an earlier "
+    "turn), whose prefill is skipped.",
+    "rejected": "requests a configuration cannot take at all: a prompt longer than the model's context or "
+    "than the whole KV cache.",
+    "steps outside fit": "share of simulated steps that a fitted profile priced outside the shapes it was "
+    "measured on (an extrapolation).",
+}
+
+
+def glossary() -> None:
+    """An expander that says, in plain words, what the pages' numbers mean."""
+    with st.expander("What these numbers mean"):
+        st.markdown("\n".join(f"- **{term}**: {text}" for term, text in GLOSSARY.items()))

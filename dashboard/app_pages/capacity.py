@@ -279,6 +279,35 @@ st.dataframe(
     hide_index=True,
     key="cap_candidates",
 )
+state.glossary()
+
+params = shown["params"]
+(trace_key_shown, requests_shown), *rest = params
+shipped = trace_key_shown[len(state.SHIPPED) :] if trace_key_shown.startswith(state.SHIPPED) else None
+with st.expander("Export this plan: the kvplan plan command and the candidates as CSV"):
+    model_shown, latency_shown, limits_shown, rate_shown, *axes, max_gpus_shown, router_shown, mix_shown = (
+        rest
+    )
+    st.code(
+        logic.plan_command(
+            shipped,
+            requests_shown,
+            model_shown,
+            latency_shown,
+            logic.plan_objectives(*limits_shown),
+            rate_shown,
+            *axes,
+            max_gpus_shown,
+            router_shown,
+            mix_shown,
+        ),
+        language="bash",
+    )
+    if shipped is None:
+        st.caption("This trace lives only in this session: save it to a file and give its path as --trace.")
+    st.download_button(
+        "Candidates as CSV", cands.to_csv(index=False), file_name="kvplan-plan.csv", mime="text/csv"
+    )
 
 points = outcome.points
 metric = st.radio("Pareto latency", list(PARETO_METRICS), horizontal=True, key="cap_pareto_metric")

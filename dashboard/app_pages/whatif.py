@@ -237,6 +237,7 @@ if mixed:
         "to compare like with like."
     )
 st.dataframe(styled(table, best), key="wi_table")
+state.glossary()
 
 colors = figures.color_map([s.label for s in specs])  # by form column: a label keeps its colour
 # One view at a time: drawing every chart at once makes the page slower to render than to simulate.

@@ -624,3 +624,53 @@ def test_fixed_colours_for_verdicts_and_step_kinds():
         {"kind": ["mixed"], "total_num_scheduled_tokens": [10], "residual": [0.1], "num_seqs": [1]}
     ).assign(measured_s=1.0, predicted_s=1.1)
     assert figures.residual_figure(res).data[0].marker.color == figures.KIND_COLORS["mixed"]
+
+
+def test_run_jobs_and_plan_points_report_progress(two_results):
+    trace, jobs, _ = two_results
+    calls = []
+    logic.run_jobs(trace, jobs, on_done=lambda done, total: calls.append((done, total)))
+    assert calls == [(1, 2), (2, 2)]
+    seen = []
+    logic.run_plan(
+        logic.plan_trace(trace, 60),
+        MODEL,
+        logic.LATENCY_ROOFLINE,
+        logic.plan_objectives(5.0, None, None),
+        rate=4.0,
+        gpus=["H100-SXM"],
+        tps=[1],
+        block_sizes=[16],
+        max_num_seqs=[256],
+        max_num_batched_tokens=[16384],
+        max_gpus=2,
+        on_point=lambda row, done: seen.append((row["gpu"], done)),
+    )
+    assert seen and [d for _, d in seen] == list(range(1, len(seen) + 1))
+
+
+def test_plan_command_is_what_kvplan_plan_reads():
+    import shlex
+
+    from simulator.cli import build_parser
+
+    cmd = logic.plan_command(
+        "azure_conv_2023",
+        2000,
+        "qwen3-8b",
+        "auto",
+        logic.plan_objectives(2.0, 0.08, None),
+        60.0,
+        ["H100-SXM", "H200-SXM"],
+        [1, 2],
+        [16],
+        [128, 256],
+        [16384],
+        16,
+        "least_outstanding",
+        True,
+    )
+    args = build_parser().parse_args(shlex.split(cmd)[1:])
+    assert (args.command, args.trace, args.limit, args.rate) == ("plan", "azure_conv_2023", 2000, 60.0)
+    assert args.slo == "ttft_p99=2000ms,tpot_p99=80ms" and args.max_num_seqs == [128, 256]
+    assert args.gpus == ["H100-SXM", "H200-SXM"] and args.tp == [1, 2] and args.mix_latency_models

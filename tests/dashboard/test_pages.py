@@ -154,6 +154,12 @@ def test_capacity_plan():
     assert any("Recommended" in t for t in texts(at.success)), texts(at.warning)
     cands = frame(at, "why")
     assert cands.iloc[0]["status"] == "best" and len(cands) == 4
+    assert list(cands.columns[:4]) == ["status", "configuration", "$/h", "$/M output tokens"]
+    (bar,) = at.get("progress")  # at the top of the results, done
+    assert bar.proto.value == 100 and "simulations in" in bar.proto.text
+    (command,) = [c.value for c in at.code if c.value.startswith("kvplan plan")]
+    assert "--limit 120 --rate 6 --slo ttft_p99=2000ms,tpot_p99=80ms" in command
+    assert any(e.label == "What these numbers mean" for e in at.expander)
     pareto = charts(at)["cap_pareto"]
     assert any(t.get("name") == "recommended" for t in pareto["data"])
     assert "E2E" in pareto["layout"]["xaxis"]["title"]["text"]
