@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.block_manager import BlockManager  # noqa: E402
 from engine.config import SchedulerConfig, cdiv  # noqa: E402
-from engine.scheduler import Scheduler, accumulate_decode_times  # noqa: E402
 from engine.sequence import SamplingParams  # noqa: E402
+from simulator.fast_forward import FastForwardScheduler as Scheduler  # noqa: E402
+from simulator.fast_forward import accumulate_decode_times  # noqa: E402
 
 TARGET_US = 150.0  # schedule + postprocess per step at 256 running sequences
 PROMPT_LEN = 128

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from itertools import chain, compress, islice
-from operator import attrgetter, is_, not_, sub
+from operator import is_, not_
 
-from engine.block_manager import ROOT_HASH, BlockManager
+from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig, cdiv
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
 
@@ -236,19 +236,11 @@ class Scheduler:
         # no conversion per run; a long simulation drains them often); merged by `itl_histogram`.
         self.itl_gaps = array("d")
         self.itl_weights = array("q")
-        self.itl_runs: list[tuple[Seq[float], int]] = []  # fast-forwarded (end times, num seqs)
         self.num_preemptions = 0
         self.num_finished = 0
         self.num_rejected = 0
         self._next_seq_id = 0
         self._finished_outside_step: list[Sequence] = []
-        # Decode steps until the first running request finishes, known while every running request is
-        # a plain decode: set by a run that finished none, cleared by `schedule` and `postprocess`
-        # (nothing else changes the running requests), so the next run need not check them again.
-        self._decode_steps_left: int | None = None
-        # Every running request is a plain decode (see `_decode_run_limit`): set by any run, cleared
-        # by `schedule` and `postprocess` as above.
-        self._plain_decodes = False
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -297,8 +289,6 @@ class Scheduler:
 
     # ---- one step -------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
-        self._decode_steps_left = None
-        self._plain_decodes = False
         step = self.policy.schedule(self)
         return make_batch(
             step.seqs,
@@ -312,8 +302,6 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
         """Account the step's computed tokens, append sampled tokens, finish what is done."""
-        self._decode_steps_left = None
-        self._plain_decodes = False
         now = self.clock()
         finished, self._finished_outside_step = self._finished_outside_step, []
         if batch.kind == "decode":  # the hot path: every sequence computed its one pending token
@@ -363,21 +351,17 @@ class Scheduler:
             self.itl_gaps.append(now - last)
             self.itl_weights.append(count)
 
-    def drain_itl(self) -> tuple[array, array, list[tuple[Seq[float], int]]]:
-        """Hand over the recorded inter-token gaps (gaps, weights, fast-forwarded runs) and start
-        afresh: a long simulation folds them into a histogram as it goes."""
-        drained = (self.itl_gaps, self.itl_weights, self.itl_runs)
-        self.itl_gaps, self.itl_weights, self.itl_runs = array("d"), array("q"), []
+    def drain_itl(self) -> tuple[array, array]:
+        """Hand over the recorded inter-token gaps (gaps, weights) and start afresh."""
+        drained = (self.itl_gaps, self.itl_weights)
+        self.itl_gaps, self.itl_weights = array("d"), array("q")
         return drained
 
     def itl_histogram(self) -> dict[float, int]:
-        """Inter-token gap (s) -> how many tokens saw it, stepped and fast-forwarded steps alike."""
+        """Inter-token gap (s) -> how many tokens saw it."""
         hist: dict[float, int] = {}
         for gap, count in zip(self.itl_gaps, self.itl_weights):
             hist[gap] = hist.get(gap, 0) + count
-        for times, n in self.itl_runs:
-            for a, b in zip(times, times[1:]):
-                hist[b - a] = hist.get(b - a, 0) + n
         return hist
 
     def _finish(self, seq: Sequence, reason: str, now: float, finished: list[Sequence]) -> None:
@@ -562,369 +546,6 @@ class Scheduler:
             self.running.append(seq)
             step.add(seq, n, num_cached)
 
-    def waiting_blocked(self) -> bool:
-        """True when no waiting request can be admitted until a running one finishes or is preempted
-        (decode steps only shrink the free blocks, so this stays true while they run)."""
-        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
-            return True
-        budget = self.config.max_num_batched_tokens - self.policy.decode_tokens_before_admission(self)
-        if budget <= 0:
-            return True
-        bm, seq = self.block_manager, self.waiting[0]
-        if -(-seq.num_tokens // bm.block_size) <= bm.num_free_blocks:
-            # blocks for all its tokens are free: it fits, hits or not (a hit never needs more). The
-            # lookup is left to admission, which materializes any lazy chain it finds (when it
-            # happens changes no outcome, see BlockManager)
-            return False
-        hits = bm.lookup_prefix(seq)
-        num_cached = len(hits) * bm.block_size
-        n = min(seq.num_tokens - num_cached, budget)
-        return bm.num_blocks_needed(seq, num_cached + n, hits) > bm.num_free_blocks
-
-    # ---- exact fast-forward over decode-only steps -----------------------------------------------
-    def fast_forward(
-        self,
-        decode_times: DecodeTimes,
-        start: float,
-        deadline: float,
-        token_id: int = 0,
-        max_steps: int = 1 << 30,
-    ) -> tuple[int, float, list[Sequence]]:
-        """Run, in one call, the decode-only steps that stepping one by one would run next, up to the
-        first step in which a request finishes, while none is admitted or preempted and none arrives
-        (steps start before `deadline`).
-
-        `decode_times(num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline)` gives
-        the step end times as `accumulate_decode_times` defines them (a stepwise run adds each step's
-        time to its clock in the same order), so timestamps, block ids, evictions, hashes and ITL
-        are identical to stepping. Every sequence gets `token_id` at each step.
-        Returns (steps run, end time, requests finished in the last step).
-        """
-        running = self.running
-        if not running or self._finished_outside_step or not self.waiting_blocked():
-            return 0, start, []
-        k_max = self._decode_run_limit(max_steps)
-        if k_max <= 0:
-            return 0, start, []
-        computed = list(map(_get_num_computed_tokens, running))
-        times = decode_times(len(running), sum(computed), max(computed) + 1, k_max, start, deadline)
-        k, near = self._cap_run(len(times) - 1, computed, token_id)
-        if k <= 0:
-            return 0, start, []
-        end = float(times[k])
-        done = self._advance_run(times[: k + 1], end, token_id, check_stop=k == k_max)
-        self._take_and_register_run_blocks(k, computed, near)
-        return k, end, self._finish_run(done, end, token_id, k_max - k if k_max < max_steps else None)
-
-    def postprocess_and_fast_forward(
-        self,
-        batch: ScheduledBatch,
-        decode_times: DecodeTimes,
-        deadline: float,
-        token_id: int = 0,
-        max_steps: int = 1 << 30,
-    ) -> tuple[int, float, list[Sequence]]:
-        """`postprocess(batch, [token_id] * n)`, then `fast_forward(decode_times, now, deadline,
-        token_id, max_steps)` from the clock's time now, the step's end: in one pass over the
-        running requests when all of them sample in the step and a run follows it (a mixed step's
-        decodes and the prompts it completed go on as plain decodes).
-        Returns (steps run after the step, end time, requests finished: in the step when no step
-        ran after it, else in the run's last step)."""
-        now = self.clock()
-        computed: list[int] = []  # after the step
-        k_max = 0
-        if not self._finished_outside_step and self.waiting_blocked():
-            k_max = self._run_limit_after_step(batch, max_steps, computed)
-        if k_max > 0:
-            times = decode_times(len(computed), sum(computed), max(computed) + 1, k_max, now, deadline)
-            k, near = self._cap_run(len(times) - 1, computed, token_id)
-            if k > 0:
-                left = k_max - k if k_max < max_steps else None
-                return self._run_after_step(times[: k + 1], k == k_max, computed, near, token_id, left)
-        finished = self.postprocess(batch, [token_id] * batch.num_seqs)
-        return 0, now, finished
-
-    def _run_limit_after_step(self, batch: ScheduledBatch, max_steps: int, computed: list[int]) -> int:
-        """`_decode_run_limit` of the state after `batch` is postprocessed: 0 unless every running
-        request samples in it (then it becomes a plain decode, barring EOS and its blocks); fills
-        `computed` with their computed tokens after it."""
-        running = self.running
-        if len(batch.seqs) != len(running) or batch.preempted_seq_ids or not all(batch.do_sample):
-            return 0  # (without preemption the step's requests are all the running ones, in order)
-        bs = self.block_manager.block_size
-        caching = self.block_manager.enable_prefix_caching
-        k_max = max_steps
-        add = computed.append
-        for seq in running:
-            c = len(seq.token_ids)  # a sampling step computes every pending token
-            left = seq.stop_num_tokens - c - 1  # steps after this one's sample (0: it finishes)
-            if left < k_max:
-                if left <= 0:
-                    return 0
-                k_max = left
-            if not seq.ignore_eos:
-                return 0
-            if len(seq.block_table) != -(-c // bs) or (caching and not _registered(seq, c, bs)):
-                return 0
-            add(c)
-        return k_max
-
-    def _cap_run(self, k: int, computed: list[int], token_id: int) -> tuple[int, list[int]]:
-        """Cap a run of k decode steps of the running requests (`computed` tokens before it) before a
-        preemption or a new prefix hit of the waiting head (see `fast_forward`); with the run's
-        `near` indices (`_near_block_ends` of k)."""
-        near = _near_block_ends(computed, self.block_manager.block_size, k)
-        k = self._steps_before_preemption(k, near, computed)
-        if self.waiting and self.block_manager.enable_prefix_caching:
-            k = self._stop_before_new_hit(k, token_id, near, computed)
-        return k, near
-
-    def _run_after_step(
-        self,
-        times: Seq[float],
-        check_stop: bool,
-        computed: list[int],
-        near: list[int],
-        token_id: int,
-        steps_left: int | None,
-    ) -> tuple[int, float, list[Sequence]]:
-        """Postprocess a step ending at times[0] in which every running request sampled and none
-        finished, and run the len(times) - 1 decode steps after it (`computed`, `near`: as for
-        `_take_and_register_run_blocks`; `steps_left`: as for `_finish_run`)."""
-        k, end = len(times) - 1, float(times[-1])
-        done = self._advance_run(times, end, token_id, check_stop, sampled_at=times[0])
-        self._take_and_register_run_blocks(k, computed, near)
-        return k, end, self._finish_run(done, end, token_id, steps_left)
-
-    def _finish_run(
-        self, done: list[Sequence], end: float, token_id: int, steps_left: int | None
-    ) -> list[Sequence]:
-        """Finish the requests a run ending at `end` finished; remember that the others are plain
-        decodes, and `steps_left`, the steps they can still run, if none finished (None: not known)."""
-        self._decode_steps_left = None if done else steps_left
-        self._plain_decodes = True
-        finished: list[Sequence] = []
-        if done:
-            max_model_len = self.config.max_model_len
-            for seq in done:
-                self._finish(seq, _stop_reason(seq, token_id, max_model_len), end, finished)
-            self.running = [s for s in self.running if s.status is RUNNING]
-        return finished
-
-    def _decode_run_limit(self, max_steps: int) -> int:
-        """Decode steps that can run until (and with) the first in which a request finishes; 0 unless
-        every running request is a plain decode (one pending token, a token already out, EOS
-        ignored, blocks covering exactly its computed tokens, cache registered)."""
-        if self._decode_steps_left is not None:  # nothing changed since a run checked them
-            return min(self._decode_steps_left, max_steps)
-        if self._plain_decodes:  # the survivors of a run: only their length stops are unknown
-            return min(_fewest_tokens_left(self.running), max_steps)
-        bs = self.block_manager.block_size
-        caching = self.block_manager.enable_prefix_caching
-        k_max = max_steps
-        for seq in self.running:
-            c = seq.num_computed_tokens
-            n = len(seq.token_ids)
-            if n - c != 1 or not seq.ignore_eos or seq.last_token_time is None:
-                return 0
-            if len(seq.block_table) != -(-c // bs) or (caching and not _registered(seq, c, bs)):
-                return 0
-            left = seq.stop_num_tokens - n  # add_request capped it at max_model_len
-            if left < k_max:
-                k_max = left
-        return k_max
-
-    def _steps_before_preemption(self, k: int, near: list[int], computed: list[int]) -> int:
-        """Cap a run of k decode steps before the first step whose new block finds the free list
-        empty (stepping would preempt there). `near`: running indices, `_near_block_ends` of k;
-        `computed`: the running requests' computed tokens before the run.
-
-        A sequence whose blocks cover its c computed tokens opens its next block at step
-        len(block_table) * bs - c + 1, in 1..bs, and one more every bs steps; so stepping allocates
-        in rounds of one block per sequence, each round in the order of that first step."""
-        bm, running = self.block_manager, self.running
-        bs, free = bm.block_size, bm.num_free_blocks
-        if len(near) * (k // bs + 1) <= free:
-            return k  # each opens at most k // bs + 1 blocks: enough are free (the usual case)
-        need = 0
-        for idx in near:
-            more = -(-(computed[idx] + k) // bs) - len(running[idx].block_table)
-            if more > 0:
-                need += more
-        if need <= free:
-            return k
-        firsts = sorted(len(s.block_table) * bs - c + 1 for s, c in zip(running, computed))
-        rounds, i = divmod(free, len(running))
-        return firsts[i] + rounds * bs - 1  # the step before allocation number `free` (from 0)
-
-    def _stop_before_new_hit(self, k: int, token_id: int, near: list[int], computed: list[int]) -> int:
-        """Cap a run of k steps before the step in which a running request would register the
-        block that extends the waiting head's cached prefix (stepping would re-check admission).
-        `near`: running indices, `_near_block_ends` of k (the others fill no block); `computed`:
-        the running requests' computed tokens before the run (tokens past the end of a request's
-        list are `token_id`, as the run samples)."""
-        bm, head = self.block_manager, self.waiting[0]
-        bs = bm.block_size
-        h = len(bm.lookup_prefix(head))
-        if h >= (head.num_tokens - 1) // bs:
-            return k  # no further full block of the head could hit
-        hashes = bm.block_hashes(head, h + 1)
-        prev = hashes[h - 1] if h else ROOT_HASH
-        running = self.running
-        for idx in near:
-            seq, c = running[idx], computed[idx]
-            # its block h is registered next: it holds h blocks, or h - 1 and a full one (see `_registered`)
-            if seq.num_cached_blocks != h and not (seq.num_cached_blocks == h - 1 and c == h * bs):
-                continue
-            # h > 0: the head's lookup materialized the chain of its first block, so a sequence that
-            # registers lazily has another first block (and no hash memo to read beyond it)
-            if h and (bm.registers_lazily(seq) or bm.block_hashes(seq, h)[h - 1] != prev):
-                continue
-            step = (h + 1) * bs - c + 1  # the step that opens its block h + 1, registering block h
-            if step <= k:
-                tokens = seq.token_ids[h * bs : (h + 1) * bs]
-                tokens += [token_id] * (bs - len(tokens))
-                if hash((prev, tuple(tokens))) == hashes[h]:
-                    k = step - 1
-        return k
-
-    def _advance_run(
-        self,
-        times: Seq[float],
-        end: float,
-        token_id: int,
-        check_stop: bool,
-        sampled_at: float | None = None,
-    ) -> list[Sequence]:
-        """Give every running request the tokens of len(times) - 1 decode steps ending at
-        `times[1:]` and record their inter-token gaps (blocks: `_take_and_register_run_blocks`).
-        With `sampled_at`, the end of a step just run in which every running request computed all
-        its pending tokens, each first gets that step's token `token_id` (a request's first token
-        if it had none). With `check_stop`, return the requests that the run finished, in running
-        order."""
-        k = len(times) - 1
-        running = self.running
-        new_tokens = [token_id] * (k if sampled_at is None else k + 1)
-        first_time = float(times[1]) if sampled_at is None else sampled_at  # of each first new token
-        gaps: dict[float, int] = {}  # previous token time -> tokens that had it
-        run_last: object = _NO_TIME  # the previous token time of a run of sequences (most share one)
-        run = 0
-        done: list[Sequence] = []
-        for seq in running:
-            tokens = seq.token_ids
-            tokens.extend(new_tokens)
-            n = len(tokens)
-            seq.num_computed_tokens = n - 1  # every token but the one sampled last
-            last = seq.last_token_time
-            if last is run_last:
-                run += 1
-            elif last is None:
-                seq.first_token_time = first_time
-            else:
-                if run:
-                    gaps[run_last] = gaps.get(run_last, 0) + run
-                run_last, run = last, 1
-            seq.last_token_time = end
-            if check_stop and n >= seq.stop_num_tokens:  # EOS is ignored (run limit)
-                done.append(seq)
-        if run:
-            gaps[run_last] = gaps.get(run_last, 0) + run
-        if self.record_itl:
-            self._record_gaps(first_time, gaps)
-            if sampled_at is not None:  # the run's first step: every token's previous came then
-                self.itl_gaps.append(float(times[1]) - sampled_at)
-                self.itl_weights.append(len(running))
-            if k > 1:
-                self.itl_runs.append((times[1:], len(running)))
-        return done
-
-    def _take_and_register_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
-        """Allocate and register the blocks of k decode steps after `_advance_run`. `computed`: the
-        running requests' computed tokens before the run; `near`: the indices among them that
-        `_near_block_ends` gives for at least k steps (the others open and fill no block)."""
-        bm, running = self.block_manager, self.running
-        bs, caching = bm.block_size, bm.enable_prefix_caching
-        opens: list[tuple[int, int]] = []  # (the step that opens the sequence's next block, index)
-        fills: list[tuple[Sequence, int]] = []  # (sequence, computed tokens after the steps)
-        for idx in near:  # one pass: the blocks each sequence opens and whether it fills one
-            seq = running[idx]
-            c = computed[idx]
-            first = len(seq.block_table) * bs - c + 1
-            if first <= k:
-                opens.append((first, idx))
-            if caching and (c + k - 1) // bs > seq.num_cached_blocks:  # see `_register_known`
-                fills.append((seq, c + k - 1))
-        if not fills:
-            self._take_run_blocks(k, opens)
-            return
-        lazy, eager = bm.split_lazy_fills(fills)
-        if eager and self._new_blocks_collide(eager):
-            self._apply_block_events(k, computed, near)
-            return
-        self._take_run_blocks(k, opens)
-        bm.extend_lazy_chains(lazy)  # nothing to hash or register; they touch no other sequence
-        for seq, num_tokens in eager:
-            bm.cache_full_blocks(seq, num_tokens)
-
-    def _new_blocks_collide(self, eager: list[tuple[Sequence, int]]) -> bool:
-        """Whether a block that the next steps fill has a hash already cached or filled twice: only
-        then does registering in stepping's order, between allocations, change the outcome.
-        `eager`: the (sequence, computed tokens after the steps) that fill blocks and register them
-        eagerly; the blocks of a sequence that registers lazily can do neither (see `BlockManager`)."""
-        bm = self.block_manager
-        bs = bm.block_size
-        new_hashes: list[int] = []
-        for seq, num_tokens in eager:
-            num_full = num_tokens // bs
-            new_hashes += bm.block_hashes(seq, num_full)[seq.num_cached_blocks : num_full]
-        return bm.any_registered(new_hashes) or len(set(new_hashes)) < len(new_hashes)
-
-    def _take_run_blocks(self, k: int, opens: list[tuple[int, int]]) -> None:
-        """Give each running sequence the blocks that the next k steps open, taken from the free list
-        in stepping's order (see `_steps_before_preemption`): one call, then dealt out by slicing.
-        `opens`: (the step that opens the sequence's next block, running index) of those that do."""
-        if not opens:
-            return
-        running, bm = self.running, self.block_manager
-        bs = bm.block_size
-        opens.sort()
-        if k <= bs:  # (first steps from 1) one block each
-            block_ids: list[int] = []
-            bm.take_free_blocks(block_ids, len(opens))
-            for (_, idx), block_id in zip(opens, block_ids):
-                running[idx].block_table.append(block_id)
-            return
-        # every sequence opens m or m + 1 blocks (first steps lie within bs), the latter at the front
-        counts = [(k - first) // bs + 1 for first, _ in opens]
-        n, m = len(opens), counts[-1]
-        block_ids = []
-        bm.take_free_blocks(block_ids, sum(counts))
-        for i, (_, idx) in enumerate(opens):
-            table = running[idx].block_table
-            table += block_ids[i : m * n : n]  # one block from each of the m full rounds
-            if counts[i] > m:
-                table.append(block_ids[m * n + i])
-
-    def _apply_block_events(self, k: int, computed: list[int], near: list[int]) -> None:
-        """Allocate and register block by block, in the order stepping would (by step, then running
-        index, an allocation before a registration: a decode registers the block the step before it
-        filled when it opens the next, see `_register_known`)."""
-        running, bm = self.running, self.block_manager
-        bs = bm.block_size
-        events: list[tuple[int, int, int]] = []
-        for idx in near:
-            seq = running[idx]
-            c = computed[idx]
-            events += [(j, idx, 0) for j in range(len(seq.block_table) * bs - c + 1, k + 1, bs)]
-            events += [(j, idx, 1) for j in range((seq.num_cached_blocks + 1) * bs - c + 1, k + 1, bs)]
-        events.sort()
-        for j, idx, register in events:
-            seq = running[idx]
-            if register:
-                bm.cache_full_blocks(seq, computed[idx] + j - 1)
-            else:
-                bm.take_free_blocks(seq.block_table, 1)
-
 
 def can_run_ahead(batch: ScheduledBatch) -> bool:
     """Async scheduling: whether `batch` is a decode step whose requests stop by length only (EOS
@@ -945,33 +566,6 @@ def schedules_ahead(prev_seqs: Seq[Sequence], batch: ScheduledBatch) -> bool:
     input tokens are then the first of that step's samples, still on the device. Else the engine
     waits for that step's tokens and runs `batch` after it. Both clocks decide overlap with this."""
     return can_run_ahead(batch) and follows(prev_seqs, batch.seqs)
-
-
-_get_num_computed_tokens = attrgetter("num_computed_tokens")
-_get_stop_num_tokens = attrgetter("stop_num_tokens")
-_get_token_ids = attrgetter("token_ids")
-
-
-def _fewest_tokens_left(seqs: list[Sequence]) -> int:
-    """The fewest tokens any of `seqs` can still get before its length stop (in C)."""
-    return min(map(sub, map(_get_stop_num_tokens, seqs), map(len, map(_get_token_ids, seqs))))
-
-
-def _registered(seq: Sequence, num_computed: int, block_size: int) -> bool:
-    """Whether a decode with `num_computed` tokens has its blocks registered as `_register_known`
-    leaves them: those full of its computed tokens, but perhaps the last (filled by the step before)."""
-    return (num_computed - 1) // block_size <= seq.num_cached_blocks <= num_computed // block_size
-
-
-def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
-    """Indices of the decodes (blocks covering exactly their `computed` tokens) that open or fill a
-    block within k steps: those whose next token starts a block or lies in its last k slots."""
-    if k <= 0:
-        return []
-    last = block_size - k
-    if last <= 1:  # every slot of a block is within k steps
-        return list(range(len(computed)))
-    return [i for i, c in enumerate(computed) if not 0 < c % block_size < last]
 
 
 def _stop_reason(seq: Sequence, token: int, max_model_len: int) -> str | None:
@@ -997,31 +591,6 @@ def _account_unsampled(
     for i in compress(range(num), map(not_, do_sample)):
         seqs[i].num_computed_tokens += num_scheduled[i]
     return compress(zip(seqs, sampled_token_ids), do_sample)
-
-
-DecodeTimes = Callable[[int, int, int, int, float, float], Seq[float]]
-
-
-def accumulate_decode_times(
-    decode_step_time: Callable[[int, int, int], float],
-    num_seqs: int,
-    num_context_tokens: int,
-    max_seq_len: int,
-    max_steps: int,
-    start: float,
-    deadline: float,
-) -> list[float]:
-    """End times of up to `max_steps` consecutive decode steps of `num_seqs` sequences, each step
-    starting before `deadline`: times[0] = start, times[j] = times[j-1] + step j's time, where step j
-    reads num_context_tokens + (j-1) * num_seqs cached tokens. The reference for `DecodeTimes`."""
-    times = [start]
-    t = start
-    while len(times) <= max_steps and t < deadline:
-        t = t + decode_step_time(num_seqs, num_context_tokens, max_seq_len)
-        times.append(t)
-        num_context_tokens += num_seqs
-        max_seq_len += 1
-    return times
 
 
 class Policy:

@@ -27,10 +27,11 @@ from functools import partial
 import simpy
 
 from engine.block_manager import BlockManager
-from engine.scheduler import Scheduler, accumulate_decode_times, can_run_ahead, follows, schedules_ahead
+from engine.scheduler import can_run_ahead, follows, schedules_ahead
 from engine.sequence import SamplingParams, Sequence, SequenceStatus, request_record
 from simulator.cluster import make_router
 from simulator.config import SimConfig
+from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
 from simulator.latency.base import LatencyModel
 from simulator.metrics import ITLBins
 from traces.schema import synthetic_vocab_size
@@ -130,7 +131,7 @@ class Replica:
         self._lagged_overlapped = LaggedDecodeTimes(_decode_times(self.overlapped_latency))
         self.clock = 0.0  # exact simulated time of this replica; env.now follows it
         self.block_manager = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler_config(), self.block_manager, clock=self._now)
+        self.scheduler = FastForwardScheduler(config.scheduler_config(), self.block_manager, clock=self._now)
         self.arrival = arrival
         self.outstanding_tokens = 0  # prompt + requested output tokens of unfinished requests
         self.records: list[tuple] = []

@@ -13,7 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from engine.scheduler import ScheduledBatch, accumulate_decode_times
+from engine.scheduler import ScheduledBatch
+from simulator.fast_forward import accumulate_decode_times
 
 KINDS = ("prefill", "decode", "mixed", "empty")
 # `decode_step_times`: passes of up to _SCALAR_STEPS steps go step by step, longer ones to numpy, in

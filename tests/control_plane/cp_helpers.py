@@ -1,5 +1,5 @@
 """Shared helpers for the control-plane tests: a manual clock, fake latency formulas, a driver loop
-that mimics the simulator (with and without `Scheduler.fast_forward`) and block-manager invariants.
+that mimics the simulator (with and without `FastForwardScheduler.fast_forward`) and block-manager invariants.
 
 Not a test module; imported by the tests in this folder.
 """
@@ -13,8 +13,9 @@ from functools import partial
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig, cdiv
-from engine.scheduler import ScheduledBatch, Scheduler, accumulate_decode_times
+from engine.scheduler import ScheduledBatch
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
 
 
 class ManualClock:
@@ -32,7 +33,7 @@ def decode_step_time(num_seqs: int, num_context_tokens: int, max_seq_len: int) -
     return 1e-3 + 1e-6 * num_seqs + 3e-9 * num_context_tokens + 1e-7 * max_seq_len
 
 
-# what `Scheduler.fast_forward` takes: step end times as a stepwise run accumulates them
+# what `FastForwardScheduler.fast_forward` takes: step end times as a stepwise run accumulates them
 decode_times = partial(accumulate_decode_times, decode_step_time)
 
 
@@ -61,7 +62,7 @@ def make_scheduler(
     max_model_len: int = 4096,
     clock: ManualClock | None = None,
     lazy_registration: bool = True,
-) -> tuple[Scheduler, BlockManager, ManualClock]:
+) -> tuple[FastForwardScheduler, BlockManager, ManualClock]:
     clock = clock or ManualClock()
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching, lazy_registration=lazy_registration)
     config = SchedulerConfig(
@@ -70,7 +71,7 @@ def make_scheduler(
         max_model_len=max_model_len,
         policy=policy,
     )
-    return Scheduler(config, bm, clock=clock), bm, clock
+    return FastForwardScheduler(config, bm, clock=clock), bm, clock
 
 
 def batch_summary(batch: ScheduledBatch) -> tuple:
@@ -104,7 +105,7 @@ class Workload:
 
 @dataclass
 class Run:
-    sched: Scheduler
+    sched: FastForwardScheduler
     bm: BlockManager
     seqs: list[Sequence]
     steps: list[tuple] = field(default_factory=list)  # batch summaries of the steps run one by one
@@ -183,7 +184,7 @@ def drive(
     raise AssertionError(f"workload did not finish within {max_iterations} iterations")
 
 
-def itl_counts(sched: Scheduler) -> Counter:
+def itl_counts(sched: FastForwardScheduler) -> Counter:
     """{gap: tokens} over stepwise gaps and fast-forwarded runs (consecutive end times of n tokens)."""
     return Counter(sched.itl_histogram())
 
@@ -249,7 +250,7 @@ def block_tokens(bm: BlockManager, block_id: int) -> tuple[int, ...] | None:
 
 
 # ---- invariants --------------------------------------------------------------------------------------
-def check_block_invariants(sched: Scheduler) -> None:
+def check_block_invariants(sched: FastForwardScheduler) -> None:
     """Ref counts, the free list and the hash table agree with the sequences that hold blocks."""
     bm = sched.block_manager
     free = bm.free_block_ids
@@ -274,7 +275,7 @@ def check_block_invariants(sched: Scheduler) -> None:
         assert bm.block_hash(block_id) == h
 
 
-def check_running_coverage(sched: Scheduler) -> None:
+def check_running_coverage(sched: FastForwardScheduler) -> None:
     """Between steps, a running sequence holds exactly the blocks that cover its computed tokens."""
     bs = sched.block_manager.block_size
     for seq in sched.running:

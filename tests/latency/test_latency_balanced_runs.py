@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.scheduler import accumulate_decode_times
+from simulator.fast_forward import accumulate_decode_times
 from simulator.latency.fitted import (
     DECODE_FEATURES,
     PREFILL_FEATURES,

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
 from engine.config import ModelSpec, SchedulerConfig
-from engine.scheduler import Scheduler, accumulate_decode_times
 from engine.sequence import SamplingParams
+from simulator.fast_forward import FastForwardScheduler as Scheduler
+from simulator.fast_forward import accumulate_decode_times
 from simulator.latency import LatencyModel, RooflineModel, StepShape
 
 
