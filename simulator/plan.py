@@ -737,3 +737,231 @@ def format_capacity(result: CapacityResult, what: str = "") -> str:
         f"{format_usd(result.cost_per_million_output_tokens or math.inf)} per million output tokens"
     )
     return "\n".join(lines)
+
+
+# ---- the band: each answer again under the latency model's own error ------------------------------------
+# A band's runs take every step time x (1 - e) (optimistic, "low") and x (1 + e) (pessimistic, "high"),
+# e the fitted profile's held-back p90 relative error (simulator/band.py). What is affordable: a plan
+# runs the best configuration at both ends and, optimistic, the cheaper configurations its search saw
+# fail (up to `max_checks`, the costliest first: those nearest the best); a capacity search repeats
+# its rate search at each end, starting from the point's answer.
+
+
+@dataclass
+class PlanBand:
+    """The best configuration at both ends of the band, and the cheaper configurations that fail on
+    the point run but meet every objective on the optimistic one (the choice is inside the band)."""
+
+    low: Row | None = None  # the best (or, with none, the closest) on the optimistic run
+    high: Row | None = None  # the best on the pessimistic run
+    high_failed: list[Violation] = field(default_factory=list)
+    checked: list[tuple[Option, int]] = field(default_factory=list)  # cheaper failures run optimistic
+    inside: list[tuple[Option, int, Row]] = field(default_factory=list)  # those that then pass
+    closest_passes: bool = False  # with no best: the closest meets every objective optimistic
+    note: str = ""  # why there is no band, or what part of it could not run
+
+
+def cheaper_failures(result: PlanResult, max_checks: int = 8) -> list[tuple[Option, int]]:
+    """(option, replicas) that the plan's search saw fail at a cost below the best's, the costliest
+    first, at most `max_checks`: each option's largest failing count (the best's own included)."""
+    best = result.best
+    if best is None or best.cost_per_hour is None:
+        return []
+    out: list[tuple[Option, int]] = []
+    for c in result.candidates:
+        if c.status in ("best", "feasible"):
+            k = c.fails_at
+        elif c.status in ("infeasible", "pruned") and c.failed and c.replicas:
+            k = c.replicas
+        else:
+            k = 0
+        if k and c.option.unit_cost * k < best.cost_per_hour - 1e-9:
+            out.append((c.option, k))
+    out.sort(key=lambda p: (-p[0].unit_cost * p[1], str(p[0])))
+    return out[:max_checks]
+
+
+def plan_band(
+    result: PlanResult,
+    evaluate_low: Evaluate,
+    evaluate_high: Evaluate,
+    base_point: Mapping[str, Any] | None = None,
+    max_checks: int = 8,
+) -> PlanBand:
+    """The band of a plan (see the section's comment): the best at both ends, cheaper failures (or,
+    with no best, the closest configuration) on the optimistic run."""
+    band = PlanBand()
+    best, objectives = result.best, result.objectives
+    head = best if best is not None else result.closest
+    if head is None or head.replicas is None:
+        band.note = "nothing to bracket: no configuration ran"
+        return band
+    band.checked = cheaper_failures(result, max_checks) if best is not None else []
+    points = [head.option.point(head.replicas, base_point)] + [
+        opt.point(k, base_point) for opt, k in band.checked
+    ]
+    low_rows = evaluate_low(points)
+    errors = [str(r["error"]) for r in low_rows if r.get("error") is not None]
+    if low_rows[0].get("error") is None:
+        band.low = low_rows[0]
+    if best is None:
+        band.closest_passes = band.low is not None and not violations(band.low, objectives)
+    else:
+        high_row = evaluate_high(points[:1])[0]
+        if high_row.get("error") is None:
+            band.high, band.high_failed = high_row, violations(high_row, objectives)
+        else:
+            errors.append(str(high_row["error"]))
+        for (opt, k), row in zip(band.checked, low_rows[1:]):
+            if row.get("error") is None and not violations(row, objectives):
+                band.inside.append((opt, k, row))
+    if errors:
+        band.note = "; ".join(dict.fromkeys(errors))
+    return band
+
+
+def _scale_text(row: Mapping[str, Any] | None) -> str:
+    """'steps x0.897 decode, x0.820 prefill' of a band run's row ('' without factors)."""
+    row = row or {}
+    d, p = row.get("step_time_scale_decode"), row.get("step_time_scale_prefill")
+    if not isinstance(d, (int, float)) or not isinstance(p, (int, float)):
+        return ""
+    return f"steps x{d:.3f} decode, x{p:.3f} prefill"
+
+
+def format_plan_band(band: PlanBand, result: PlanResult) -> str:
+    """The plan's band as text lines under the plan."""
+    objectives = result.objectives
+    best = result.best
+    lines = [
+        "Band (every step time x (1 -/+ e), e the option's fitted profile's held-back p90 relative "
+        "errors, decode and prefill apart):"
+    ]
+    if band.low is None and band.high is None:
+        lines.append(f"  none: {band.note or 'not run'}")
+        return "\n".join(lines)
+
+    def values(row: Row) -> str:
+        return ", ".join(f"{o.name} {format_seconds(float(row.get(o.key, math.nan)))}" for o in objectives)
+
+    if best is None:
+        if band.low is not None:
+            c = result.closest
+            verdict = "meets every objective" if band.closest_passes else "still misses"
+            lines.append(
+                f"  the closest, {c.replicas} x ({c.option}), on the optimistic run ({_scale_text(band.low)}): "
+                f"{values(band.low)}; {verdict}"
+            )
+    else:
+        if band.low is not None:
+            lines.append(f"  best, optimistic ({_scale_text(band.low)}): {values(band.low)}")
+        if band.high is not None:
+            verdict = (
+                "misses " + describe_violations(band.high_failed)
+                if band.high_failed
+                else "meets every objective"
+            )
+            lines.append(f"  best, pessimistic ({_scale_text(band.high)}): {values(band.high)}; {verdict}")
+        for opt, k, row in band.inside:
+            cost = opt.unit_cost * k
+            lines.append(
+                f"  note: {k} x ({opt}) at {format_usd(cost)}/h, cheaper than the best, fails on the point "
+                f"run but meets every objective on the optimistic one ({values(row)}): the choice between "
+                "them is inside the latency model's error band"
+            )
+        if band.checked and not band.inside:
+            lines.append(
+                f"  the {len(band.checked)} cheaper configuration(s) that failed still fail on the optimistic run"
+            )
+    if band.note:
+        lines.append(f"  ({band.note})")
+    return "\n".join(lines)
+
+
+@dataclass
+class CapacityBand:
+    """A capacity search repeated at each end of the band: `high` with every step (1 + e) times as
+    long (the pessimistic rate), `low` with (1 - e) (the optimistic rate); None where not run."""
+
+    low: ScaleSearch | None = None
+    high: ScaleSearch | None = None
+    num_simulations: int = 0
+    factors: dict[str, str] = field(default_factory=dict)  # side -> 'steps x.. decode, x.. prefill'
+    note: str = ""
+
+    def rate_range(self, result: CapacityResult) -> tuple[float | None, float | None]:
+        """(lowest, highest) max sustainable rate over the point and both ends: the hull, as the
+        band of a simulation (None: that end fails at every rate tried)."""
+        scales = [s.lo for s in (self.high, self.low) if s is not None] + [result.search.lo]
+        known = [x for x in scales if x is not None]
+        low = None if any(x is None for x in scales) or not known else min(known)
+        high = max(known) if known else None
+        return (
+            None if low is None else result.base_rate * low,
+            None if high is None else result.base_rate * high,
+        )
+
+
+def capacity_band(
+    result: CapacityResult,
+    evaluate_low: Evaluate,
+    evaluate_high: Evaluate,
+    point: Mapping[str, Any],
+    tolerance: float = 0.05,
+    parallel: int = 1,
+    min_scale: float = 1.0 / 1024,
+    max_scale: float = 1024.0,
+    growth: float = 1.25,
+) -> CapacityBand:
+    """The band of a capacity search: the same search at each end, from the point's answer (its
+    highest passing scale, else its lowest failing one) by steps of `growth`."""
+    band = CapacityBand()
+    start = result.search.lo if result.search.lo is not None else result.search.hi
+    if start is None:
+        band.note = "nothing to bracket: the search ran no simulation"
+        return band
+    start = min(max(start, min_scale), max_scale)
+    objectives = result.objectives
+    for side, evaluate in (("high", evaluate_high), ("low", evaluate_low)):
+
+        def feasible(xs: list[float], evaluate: Evaluate = evaluate, side: str = side) -> list[bool]:
+            rows = evaluate([{**point, "rate_scale": x} for x in xs])
+            band.num_simulations += len(xs)
+            for row in rows:
+                if row.get("error") is not None:
+                    raise ValueError(str(row["error"]))
+                band.factors.setdefault(side, _scale_text(row))
+            return [not violations(row, objectives) for row in rows]
+
+        try:
+            search = search_max_scale(feasible, start, tolerance, parallel, min_scale, max_scale, growth)
+        except ValueError as e:
+            band.note = str(e)
+            return band
+        setattr(band, side, search)
+    return band
+
+
+def format_capacity_band(band: CapacityBand, result: CapacityResult) -> str:
+    """The capacity's band: its rate range, and the rate at each end."""
+    if band.low is None or band.high is None:
+        return f"  band: none ({band.note or 'not run'})"
+    lo, hi = band.rate_range(result)
+    if lo is None:  # the pessimistic end fails at every rate tried
+        bottom = f"below {result.base_rate * (band.high.hi or 0.0):.4g}"
+    else:
+        bottom = f"{lo:.4g}"
+    top = "?" if hi is None else f"{hi:.4g}"
+    ends = []
+    for side, what in (("high", "pessimistic"), ("low", "optimistic")):
+        search = getattr(band, side)
+        rate = (
+            "fails at every rate tried" if search.lo is None else f"{result.base_rate * search.lo:.4g} req/s"
+        )
+        if search.lo is not None and search.hi is None:
+            rate = f"meets the SLOs up to {result.base_rate * search.lo:.4g} req/s, the most tried"
+        ends.append(f"{what} ({band.factors.get(side, '')}) {rate}")
+    return (
+        f"  band: max sustainable rate {bottom} to {top} req/s (every step time x (1 -/+ e), e the "
+        f"profile's held-back p90 relative errors): {'; '.join(ends)}; {band.num_simulations} more simulations"
+    )

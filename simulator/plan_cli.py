@@ -202,7 +202,57 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(_interrupted(done, "cost"), file=sys.stderr)
         return 130
     print(format_plan(result, trace.name, args.model, None if args.show_all else 12))
+    if not args.no_band:
+        print(_plan_band(args, result, ctx, base))
     return 0 if result.best is not None else 1
+
+
+def _band_runners(args: argparse.Namespace, ctx) -> tuple[Any, Any]:
+    """PointRunners of the band's optimistic and pessimistic runs (simulator.band.BandLatency)."""
+    import dataclasses
+
+    from simulator.band import BandLatency
+    from simulator.sweep import PointRunner
+
+    def runner(side: str) -> Any:
+        return PointRunner(
+            dataclasses.replace(ctx, latency=BandLatency(ctx.profile, ctx.model, side)),
+            args.workers,
+            args.ray,
+        )
+
+    return runner("low"), runner("high")
+
+
+def _no_band(ctx, gpu: str, block_size: int, tp: int, async_scheduling: bool) -> str | None:
+    """Why a configuration's runs have no band (None: they have one)."""
+    from simulator.band import ROOFLINE_NO_BAND, profile_band_errors
+    from simulator.sweep import profile_for
+
+    path = profile_for(ctx.profile, ctx.model, gpu, block_size, tp, async_scheduling)
+    if path is None:
+        return ROOFLINE_NO_BAND
+    return None if profile_band_errors(path) is not None else f"{path.name} records no fit error"
+
+
+def _plan_band(args: argparse.Namespace, result, ctx, base: dict) -> str:
+    """The plan's band (simulator.plan.plan_band), or why there is none."""
+    from simulator.plan import PlanBand, format_plan_band, plan_band
+
+    head = result.best or result.closest
+    if head is None:
+        return format_plan_band(PlanBand(note="no configuration ran"), result)
+    o = head.option
+    reason = _no_band(ctx, o.gpu, o.block_size, o.tp, args.async_scheduling)
+    if reason is not None:
+        return format_plan_band(PlanBand(note=reason), result)
+    low, high = _band_runners(args, ctx)
+    try:
+        with low, high:
+            band = plan_band(result, _timed(low.run, args.quiet), _timed(high.run, args.quiet), base)
+    except KeyboardInterrupt:
+        return format_plan_band(PlanBand(note="interrupted"), result)
+    return format_plan_band(band, result)
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -241,6 +291,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     done: list[dict] = []
     try:
         with PointRunner(ctx, args.workers, args.ray) as runner:
+            runner_parallelism = runner.parallelism
             result = find_capacity(
                 _timed(runner.run, args.quiet, done),
                 point,
@@ -256,7 +307,33 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     what = f"{args.replicas} x {args.model} on {args.gpu} tp={args.tp} ({trace.name})"
     what += ", async scheduling" if args.async_scheduling else ""
     print(format_capacity(result, what))
+    if not args.no_band:
+        print(_capacity_band(args, result, ctx, point, runner_parallelism))
     return 0 if result.max_rate is not None else 1
+
+
+def _capacity_band(args: argparse.Namespace, result, ctx, point: dict, parallel: int) -> str:
+    """The capacity's band (simulator.plan.capacity_band), or why there is none."""
+    from simulator.plan import CapacityBand, capacity_band, format_capacity_band
+
+    reason = _no_band(ctx, args.gpu, args.block_size, args.tp, args.async_scheduling)
+    if reason is not None:
+        return format_capacity_band(CapacityBand(note=reason), result)
+    low, high = _band_runners(args, ctx)
+    try:
+        with low, high:
+            band = capacity_band(
+                result,
+                _timed(low.run, args.quiet),
+                _timed(high.run, args.quiet),
+                point,
+                tolerance=args.tolerance,
+                parallel=parallel,
+                max_scale=args.max_scale,
+            )
+    except KeyboardInterrupt:
+        return format_capacity_band(CapacityBand(note="interrupted"), result)
+    return format_capacity_band(band, result)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -331,6 +408,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="find every option's fewest replicas, even those that cannot beat the best (slower)",
     )
+    pl.add_argument(
+        "--no-band",
+        action="store_true",
+        help="skip the confidence band. By default, after the search, the best configuration runs "
+        "again with every step time x (1 - e) and x (1 + e), e its fitted profile's held-back p90 "
+        "relative error, and the cheaper configurations the search saw fail (up to 8, nearest the "
+        "best's cost first) run with x (1 - e): a note names any that then meets the SLOs. That is up "
+        "to 10 more simulations; the roofline has no band",
+    )
     _add_exec_arguments(pl)
     pl.set_defaults(func=cmd_plan)
 
@@ -349,6 +435,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cap.add_argument("--max-scale", type=float, default=1024.0, help="highest rate scale to try")
     add_sim_arguments(cap)
     _add_async_argument(cap)
+    cap.add_argument(
+        "--no-band",
+        action="store_true",
+        help="skip the confidence band. By default the rate search is repeated with every step time "
+        "x (1 - e) and x (1 + e), e the fitted profile's held-back p90 relative error, from the "
+        "point's answer: the max sustainable rate becomes a range. About twice the simulations of the "
+        "point's search; the roofline has no band",
+    )
     _add_exec_arguments(cap)
     cap.set_defaults(func=cmd_capacity)
 

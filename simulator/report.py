@@ -65,8 +65,35 @@ def format_counts(s: dict) -> str:
     return text
 
 
+def _band_line(s: dict) -> str | None:
+    """What the summary's band is: the runs behind it and the error that scaled them (None: the
+    summary has no band entry)."""
+    if "band" not in s:
+        return None
+    band = s["band"]
+    if band is None:
+        return f"band: {s.get('band_note') or 'none'}"
+    e = band["errors"]
+    return (
+        f"band: [low, high] of each figure over this run and two with every step time x (1 -/+ e), "
+        f"e = decode {e['decode']:.1%}, prefill/mixed {e['prefill']:.1%} ({e['source']}); "
+        f"the two took {band.get('sim_wall_s', 0.0):.2f} s more"
+    )
+
+
+def _range(s: dict, key: str, fmt) -> str:
+    """' [low, high]' of a summary entry's band, '' without one."""
+    band = s.get("band")
+    pair = (band or {}).get("ranges", {}).get(key)
+    if pair is None:
+        return ""
+    return f" [{fmt(pair[0])}, {fmt(pair[1])}]"
+
+
 def format_summary(s: dict) -> str:
     cfg = s.get("config", {})
+    band = s.get("band") or None
+    width = 20 if band else 10
     lines = [
         f"trace {s.get('trace') or '?'}: {s['num_requests']:,} requests, {s['duration_s']:,.1f} s simulated "
         f"in {s.get('sim_wall_s', float('nan')):.2f} s wall ({s.get('sim_speedup', float('nan')):,.0f}x real time)",
@@ -76,18 +103,27 @@ def format_summary(s: dict) -> str:
         f"{cfg.get('policy')}, router {cfg.get('router')}"
         + (", async scheduling" if cfg.get("async_scheduling") else ""),
         f"latency: {_latency(s)}",
-        "",
-        f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
     ]
+    if _band_line(s) is not None:
+        lines.append(_band_line(s))
+    lines += ["", f"{'latency (ms)':<14}" + "".join(f"{c:>{width}}" for c in ("mean", "p50", "p90", "p99"))]
+    stats = ("mean", "p50", "p90", "p99")
     for label, key in _LATENCY_ROWS:
         if f"{key}_mean_s" in s:
-            row = [s.get(f"{key}_{stat}_s") for stat in ("mean", "p50", "p90", "p99")]
-            lines.append(f"{label:<14}" + "".join(f"{_ms(v):>10}" for v in row))
+            row = [s.get(f"{key}_{stat}_s") for stat in stats]
+            lines.append(f"{label:<14}" + "".join(f"{_ms(v):>{width}}" for v in row))
+            if band:
+                cells = [_range(s, f"{key}_{stat}_s", _ms).strip() or "-" for stat in stats]
+                lines.append(f"{'  [low, high]':<14}" + "".join(f"{c:>{width}}" for c in cells))
+    rps, tok = (
+        _range(s, "throughput_rps", lambda v: f"{v:,.2f}"),
+        _range(s, "output_tok_s", lambda v: f"{v:,.0f}"),
+    )
     lines += [
         "",
-        f"throughput       {s['throughput_rps']:,.2f} req/s, {s['output_tok_s']:,.0f} output tok/s",
+        f"throughput       {s['throughput_rps']:,.2f} req/s{rps}, {s['output_tok_s']:,.0f} output tok/s{tok}",
         f"finished         {format_counts(s)}",
-        f"preemptions      {s['num_preemptions']:,}",
+        f"preemptions      {s['num_preemptions']:,}{_range(s, 'num_preemptions', lambda v: f'{v:,.0f}')}",
         f"prefix hit rate  {s.get('prefix_hit_rate', 0.0):.1%}",
     ]
     if "kv_usage_max" in s:
@@ -95,5 +131,8 @@ def format_summary(s: dict) -> str:
         lines.append(f"queue length     max {s['queue_len_max']:,}")
     lines.append(f"extrapolation    {_extrapolation(s)}")
     if "goodput_rps" in s:
-        lines.append(f"SLO attainment   {s['slo_attainment']:.1%} (goodput {s['goodput_rps']:,.2f} req/s)")
+        lines.append(
+            f"SLO attainment   {s['slo_attainment']:.1%}{_range(s, 'slo_attainment', lambda v: f'{v:.1%}')} "
+            f"(goodput {s['goodput_rps']:,.2f} req/s{_range(s, 'goodput_rps', lambda v: f'{v:,.2f}')})"
+        )
     return "\n".join(lines)

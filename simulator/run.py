@@ -179,10 +179,13 @@ def extrapolation(counting) -> dict:
 
 
 def latency_kind(latency: LatencyModel) -> str:
-    """'fitted' or 'roofline' (another model: its class name)."""
+    """'fitted' or 'roofline' (another model: its class name; a `ScaledModel`: the model it scales)."""
     from simulator.latency.fitted import FittedModel
     from simulator.latency.roofline import RooflineModel
+    from simulator.latency.scaled import ScaledModel
 
+    while isinstance(latency, ScaledModel):
+        latency = latency.model
     if isinstance(latency, FittedModel):
         return "fitted"
     if isinstance(latency, RooflineModel):
@@ -193,15 +196,22 @@ def latency_kind(latency: LatencyModel) -> str:
 def latency_provenance(latency: LatencyModel, profile: str | Path | None = None) -> dict:
     """The summary entries naming the latency model behind a run: `latency_model` (its kind),
     `profile` (the fitted profile's file name, None for the roofline), `profile_path`, and the
-    calibration's own KV cache (`profile_num_kv_blocks`: a fact of the profile, not the run's)."""
+    calibration's own KV cache (`profile_num_kv_blocks`: a fact of the profile, not the run's);
+    for a `ScaledModel` (a band's run) also its factors, `step_time_scale_decode` / `_prefill`."""
+    from simulator.latency.scaled import ScaledModel
+
     prof = getattr(latency, "profile", None)
     calibrated = getattr(prof, "calibration_num_kv_blocks", None)
-    return {
+    out = {
         "latency_model": latency_kind(latency),
         "profile": Path(profile).name if profile else None,
         "profile_path": str(profile) if profile else None,
         "profile_num_kv_blocks": calibrated,
     }
+    if isinstance(latency, ScaledModel):
+        out["step_time_scale_decode"] = latency.decode
+        out["step_time_scale_prefill"] = latency.prefill
+    return out
 
 
 def latency_label(latency_model: str | None, profile: str | None = None) -> str:
