@@ -1,4 +1,4 @@
-"""`Scheduler.fast_forward` is exactly equal to stepping.
+"""`FastForwardScheduler.fast_forward` (simulator/fast_forward.py) is exactly equal to stepping the core.
 
 The driver (`cp_helpers.drive`) mimics the simulator: a clock variable t; arrivals join when t reaches
 them; each iteration first tries `fast_forward(decode_times, t, next_arrival)` and otherwise runs one
