@@ -223,3 +223,71 @@ class BandLatency:
         if errors is None:
             raise ValueError(f"no band: {no_band_reason(latency)}")
         return scaled_model(latency, errors, self.side)
+
+
+# ---- containment: does a real run's figure fall inside the band? ------------------------------------------
+
+CONTAINMENT_KEYS = ("ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s")
+
+
+def replay_containment(run_dir: str | Path, profile: str | Path | None = "auto") -> list[dict[str, Any]]:
+    """For a real replay folder (`kvplan replay`): its configuration simulated with the band (the
+    shipped profile of its engine with 'auto'), and per CONTAINMENT_KEYS figure the real value, the
+    point, the band and whether the real value lies inside it."""
+    from simulator.cli import validate_profile
+    from simulator.metrics import summarize
+    from simulator.validate import read_run, sim_config_for
+
+    meta, trace, real, _ = read_run(run_dir)
+    path = validate_profile("auto", run_dir) if profile == "auto" else profile
+    banded = run_with_band(trace, sim_config_for(meta), profile=path)
+    real_summary, summary, ranges = summarize(real), banded.result.summary, banded.ranges or {}
+    rows = []
+    for key in CONTAINMENT_KEYS:
+        low, high = ranges.get(key, (math.nan, math.nan))
+        value = float(real_summary[key])
+        rows.append(
+            {
+                "run": Path(run_dir).name,
+                "profile": Path(path).name if path else "roofline",
+                "metric": key[:-2],
+                "real": value,
+                "sim": float(summary[key]),
+                "low": low,
+                "high": high,
+                "inside": bool(low <= value <= high),
+            }
+        )
+    return rows
+
+
+def format_containment(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'replay':<46}{'metric':<10}{'real s':>9}{'sim s':>9}{'low':>9}{'high':>9}  inside"]
+    for r in rows:
+        lines.append(
+            f"{r['run']:<46}{r['metric']:<10}{r['real']:>9.3f}{r['sim']:>9.3f}{r['low']:>9.3f}{r['high']:>9.3f}"
+            f"  {'yes' if r['inside'] else 'NO'}"
+        )
+    inside = sum(r["inside"] for r in rows)
+    lines.append(f"{inside} of {len(rows)} real figures inside the band")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m simulator.band RUN_DIR ...`: the containment table of real replays."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator.band",
+        description="Simulate real replays with the band (shipped profile of each replay's engine) and "
+        "say which real TTFT/E2E p50/p99 fall inside it.",
+    )
+    parser.add_argument("runs", nargs="+", help="replay folders (e.g. simulator/data/validation/...)")
+    args = parser.parse_args(argv)
+    rows = [row for run in args.runs for row in replay_containment(run)]
+    print(format_containment(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

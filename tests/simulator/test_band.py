@@ -12,18 +12,16 @@ from simulator.band import (
     BandErrors,
     band_errors,
     band_ranges,
+    format_containment,
     profile_band_errors,
+    replay_containment,
     run_with_band,
     scaled_model,
 )
+from simulator.fast_forward import accumulate_decode_times
 from simulator.latency import LatencyProfile, RooflineModel, StepShape
 from simulator.latency.scaled import ScaledModel
 from simulator.report import format_summary
-
-try:  # the scheduler's reference loop, where the tree keeps it
-    from simulator.fast_forward import accumulate_decode_times
-except ImportError:
-    from engine.scheduler import accumulate_decode_times
 
 PROFILES = Path(__file__).resolve().parents[2] / "simulator" / "profiles"
 SYNC = PROFILES / "qwen3-0.6b_h200_tp1_bs16.json"
@@ -153,3 +151,14 @@ def test_roofline_has_no_band(prefix_trace, small_config):
     assert out.low is None and out.result.summary["band"] is None
     assert "roofline's error has not been measured" in out.result.summary["band_note"]
     assert "band: none: the roofline" in format_summary(out.result.summary)
+
+
+def test_containment_of_a_shipped_replay():
+    run = PROFILES.parent / "data" / "validation" / "h200_qwen3-0.6b_bs16_async_light"
+    rows = replay_containment(run)
+    assert [r["metric"] for r in rows] == ["ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"]
+    for r in rows:
+        assert r["profile"] == "qwen3-0.6b_h200_tp1_bs16_async.json"
+        assert r["low"] <= r["sim"] <= r["high"]
+        assert r["inside"] == (r["low"] <= r["real"] <= r["high"])
+    assert f"of {len(rows)} real figures inside the band" in format_containment(rows)
