@@ -197,6 +197,48 @@ def bar_figure(
     return _finish(fig, title)
 
 
+def load_curve_figure(
+    curve: pd.DataFrame,
+    knees: pd.DataFrame,
+    metric: str,
+    colors: dict[str, str],
+    capacity: dict[str, float] | None = None,
+) -> go.Figure:
+    """p99 latency against offered rate, one line per configuration (`dashboard.logic.load_curve`):
+    points that miss the SLO or fall behind as crosses, the knee (`logic.knees`) a star, and each
+    configuration's `kvplan capacity` rate (`capacity`: label -> req/s) a dotted vertical line."""
+    title = f"p99 {metric} against offered load"
+    if curve.empty:
+        return _empty(title, "no simulations")
+    fig = go.Figure()
+    for label, g in curve.groupby("config", sort=False):
+        g = g.sort_values("offered_rps")
+        color = colors.get(label)
+        fig.add_scatter(
+            x=g["offered_rps"],
+            y=g["latency_ms"],
+            mode="lines+markers",
+            name=str(label),
+            line_color=color,
+            marker=dict(symbol=["circle" if q else "x" for q in g["qualifies"]], size=9, color=color),
+            customdata=g["served_rps"],
+            hovertemplate="offered %{x:,.1f} req/s, served %{customdata:,.1f}<br>p99 %{y:,.0f} ms<extra></extra>",
+        )
+    if not knees.empty:
+        fig.add_scatter(
+            x=knees["offered_rps"],
+            y=knees["latency_ms"],
+            mode="markers",
+            name="knee (last point that meets the SLO and keeps up)",
+            marker=dict(symbol="star", size=16, color=[colors.get(c) for c in knees["config"]], line_width=1),
+        )
+    for label, rate in (capacity or {}).items():
+        fig.add_vline(x=rate, line_dash="dot", line_color=colors.get(label, "gray"))
+    fig.update_xaxes(title="offered rate (req/s)", rangemode="tozero")
+    log_axis(fig, "y", curve["latency_ms"], title=f"p99 {metric} (ms)")
+    return _finish(fig, title, height=420)
+
+
 # ------------------------------------------------------------------------------- capacity plan
 
 

@@ -245,7 +245,7 @@ def prepare_trace(trace: Trace, window_s: float | None = None, rate_scale: float
     return out
 
 
-DEFAULT_PLAN_REQUESTS = 2000  # capacity plan: requests each candidate simulates (after rescaling)
+DEFAULT_PLAN_REQUESTS = 5000  # capacity plan: requests each candidate simulates (after rescaling)
 FEW_REQUESTS = 1000  # below this, a p99 rests on the 10 worst requests or fewer
 
 
@@ -710,6 +710,91 @@ def token_throughput(results: Mapping[str, SimResult], bins: int = 150) -> pd.Da
         frames.append(pd.DataFrame({"config": label, "time_s": edges[:-1], "output_tok_s": tokens / bin_s}))
     cols = ["config", "time_s", "output_tok_s"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+
+# =============================================================================== latency against load
+
+LOAD_MULTIPLIERS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)  # of the page's rate: the points of a load curve
+
+
+def load_curve(
+    runs: Mapping[float, Mapping[str, SimResult]], slo: SLO | None, metric: str = "ttft_p99_s"
+) -> pd.DataFrame:
+    """One row per configuration and rate multiplier: offered and served rate, the p99 `metric` in
+    ms, and `qualifies` (meets the SLO and keeps up, `config_status`)."""
+    objectives = slo_objectives(slo)
+    rows = []
+    for mult, results in sorted(runs.items()):
+        for label, r in results.items():
+            load = result_load(r)
+            status, _ = config_status(r.summary, load, objectives)
+            value = r.summary.get(metric)
+            rows.append(
+                {
+                    "config": label,
+                    "multiplier": float(mult),
+                    "offered_rps": load.offered_rps,
+                    "served_rps": load.served_rps,
+                    "latency_ms": math.nan if value is None else float(value) * 1e3,
+                    "qualifies": status in QUALIFIED,
+                }
+            )
+    cols = ["config", "multiplier", "offered_rps", "served_rps", "latency_ms", "qualifies"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def knees(curve: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration, the knee of its load curve: the highest offered rate up to which every
+    point meets the SLO and keeps up (no row for a configuration whose lightest point fails)."""
+    rows = []
+    for _, g in curve.sort_values("offered_rps").groupby("config", sort=False):
+        ok = g["qualifies"].to_numpy(bool)
+        n = len(ok) if ok.all() else int(np.argmin(ok))
+        if n:
+            rows.append(g.iloc[n - 1])
+    return pd.DataFrame(rows, columns=curve.columns).reset_index(drop=True)
+
+
+def capacity_point(config: SimConfig) -> dict[str, Any]:
+    """The sweep point (`simulator.sweep.point_config` axes) of a what-if configuration."""
+    return {
+        "gpu": config.gpu,
+        "tp": config.tensor_parallel_size,
+        "replicas": config.num_replicas,
+        "block_size": config.block_size,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "policy": config.policy,
+        "prefix_caching": config.enable_prefix_caching,
+        **({"async_scheduling": True} if config.async_scheduling else {}),
+    }
+
+
+def capacity_answer(
+    trace: Trace,
+    model_key: str,
+    latency_choice: str,
+    config: SimConfig,
+    objectives: Sequence[plan.Objective],
+    executor: Executor | None = None,
+    tolerance: float = 0.1,
+) -> Any:
+    """`kvplan capacity`'s search (`simulator.plan.find_capacity`) for one configuration on `trace`:
+    the highest rate at which it meets `objectives` (CapacityResult; max_rate None if none)."""
+    if len(trace) < 2 or trace.duration_s <= 0:
+        raise ValueError("the trace needs at least two distinct arrival times")
+    ctx = sweep.RunContext(trace, model_key, latency_choice, objectives_text(objectives), trace.name)
+    evaluate, _ = point_evaluator(ctx, executor)
+    parallel = getattr(executor, "_max_workers", 1) if executor is not None else 1
+    return plan.find_capacity(
+        evaluate,
+        capacity_point(config),
+        objectives,
+        len(trace) / trace.duration_s,
+        tolerance=tolerance,
+        parallel=parallel,
+        max_scale=64.0,
+    )
 
 
 # =============================================================================== capacity plan

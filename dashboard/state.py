@@ -107,12 +107,18 @@ def trace_picker(
 # key at the start of every run, which makes it a value the session holds, not a widget's.
 KEPT_PREFIXES = ("traffic_", "gen_", "wi_", "cap_", "val_", "prof_")
 NOT_KEPT = frozenset({"traffic_upload", "prof_records", "prof_upload"})  # file uploaders: not settable
+NOT_KEPT_SUFFIX = "_button"  # buttons' keys end so: a button's value cannot be set either
 
 
 def keep_widget_state() -> None:
     """Keep the pages' widget values across page switches (call at the start of every run)."""
     for key in list(st.session_state):
-        if isinstance(key, str) and key.startswith(KEPT_PREFIXES) and key not in NOT_KEPT:
+        if (
+            isinstance(key, str)
+            and key.startswith(KEPT_PREFIXES)
+            and key not in NOT_KEPT
+            and not key.endswith(NOT_KEPT_SUFFIX)
+        ):
             with contextlib.suppress(st.errors.StreamlitAPIException):  # a value that cannot be set
                 st.session_state[key] = st.session_state[key]
 

@@ -19,7 +19,8 @@ from simulator.models import preset_names, resolve_model
 BLOCK_SIZES = [8, 16, 32, 64, 128, 256]
 TPS = [1, 2, 4, 8]
 MAX_CONFIGS = 6
-VIEWS = ("Latency CDFs", "Throughput, KV and queues", "Preemptions and prefix hits")
+VIEWS = ("Latency CDFs", "Throughput, KV and queues", "Preemptions and prefix hits", "Latency against load")
+LOAD_METRICS = {"TTFT": "ttft_p99_s", "TPOT": "tpot_p99_s", "E2E": "e2e_p99_s"}
 FORMATS = {
     "TTFT p50 (ms)": "{:,.1f}",
     "TTFT p99 (ms)": "{:,.1f}",
@@ -64,6 +65,12 @@ def config_column(i: int, default: logic.ConfigSpec, container: DeltaGenerator) 
     return logic.ConfigSpec(
         label.strip() or f"config {i + 1}", int(block), int(seqs), int(tokens), int(tp), int(replicas)
     )
+
+
+@st.cache_resource
+def capacity_store() -> logic.ResultStore:
+    """`kvplan capacity` answers already found, by (trace, configuration, objectives)."""
+    return logic.ResultStore(max_entries=64)
 
 
 def unique_labels(specs: list[logic.ConfigSpec]) -> list[logic.ConfigSpec]:
@@ -291,7 +298,7 @@ elif view == VIEWS[1]:
         key="wi_running",
         config=figures.CHART_CONFIG,
     )
-else:
+elif view == VIEWS[2]:
     c1, c2 = st.columns(2)
     c1.plotly_chart(
         figures.bar_figure(table, "preemptions", "Preemptions", colors),
@@ -302,4 +309,80 @@ else:
         figures.bar_figure(table, "prefix hit rate", "Prefix hit rate", colors, True),
         key="wi_hits",
         config=figures.CHART_CONFIG,
+    )
+else:
+    metric = c2.selectbox("Latency", list(LOAD_METRICS), key="wi_load_metric")
+    labelled = [(spec.label, job) for spec, job in zip(specs, jobs) if job is not None]
+    draw_key = (trace_id, tuple(j.key for _, j in labelled), slo)
+    st.caption(
+        f"Each configuration simulated at {', '.join(f'{m:g}' for m in logic.LOAD_MULTIPLIERS)} times the "
+        f"page's rate ({len(labelled) * len(logic.LOAD_MULTIPLIERS)} simulations): its p99 against the rate "
+        "offered. A cross misses the SLO or falls behind; the star is the knee, the last point before the "
+        "first that does; a dotted line is kvplan capacity's highest rate meeting the SLO."
+    )
+    if st.button("Draw the load curves", key="wi_load_button"):
+        st.session_state["wi_load_drawn"] = draw_key
+    if st.session_state.get("wi_load_drawn") != draw_key:
+        st.info("Press **Draw the load curves** to simulate every configuration at several rates.")
+        st.stop()
+    runs: dict[float, dict] = {}
+    total, done_before = len(labelled) * len(logic.LOAD_MULTIPLIERS), 0
+    load_bar = progress_area.progress(0.0, text="Simulating the load curves…")
+    for mult in logic.LOAD_MULTIPLIERS:
+        scale = rate_scale * mult
+        trace_m = logic.prepare_trace(full_trace, window or None, scale)
+
+        def on_load(done: int, n: int, base: int = done_before) -> None:
+            load_bar.progress((base + done) / total, text=f"Simulated {base + done} of {total} load points…")
+
+        outs = state.run_jobs((trace_key, window or None, scale), trace_m, [j for _, j in labelled], on_load)
+        runs[mult] = {label: o for (label, _), o in zip(labelled, outs) if not isinstance(o, Exception)}
+        done_before += len(labelled)
+    curve = logic.load_curve(runs, slo, LOAD_METRICS[metric])
+    knees = logic.knees(curve)
+    objectives = logic.slo_objectives(slo)
+    capacity: dict[str, float] = {}
+    rows = []
+    for i, (label, job) in enumerate(labelled):
+        load_bar.progress(1.0, text=f"kvplan capacity for {label} ({i + 1} of {len(labelled)})…")
+        answer = None
+        if objectives:
+            key = (trace_id, job.key, objectives)
+            answer = capacity_store().get(key)
+            if answer is None:
+                try:
+                    answer = state.with_pool(
+                        lambda pool, job=job: logic.capacity_answer(
+                            trace, model_key, latency_choice, job.config, objectives, pool
+                        )
+                    )
+                except ValueError as e:
+                    answer = e
+                capacity_store().put(key, answer)
+        rate_ok = getattr(answer, "max_rate", None)
+        if rate_ok is not None:
+            capacity[label] = rate_ok
+        knee = knees[knees["config"] == label]
+        rows.append(
+            {
+                "config": label,
+                "knee (req/s)": float(knee["offered_rps"].iloc[0]) if len(knee) else None,
+                "kvplan capacity (req/s)": rate_ok,
+                "note": str(answer)
+                if isinstance(answer, Exception)
+                else ("set an SLO objective" if not objectives else ""),
+            }
+        )
+    load_bar.empty()
+    st.plotly_chart(
+        figures.load_curve_figure(curve, knees, metric, colors, capacity),
+        key="wi_load_curve",
+        config=figures.CHART_CONFIG,
+    )
+    st.dataframe(
+        pd.DataFrame(rows).style.format(
+            {"knee (req/s)": "{:,.1f}", "kvplan capacity (req/s)": "{:,.1f}"}, na_rep="–"
+        ),
+        hide_index=True,
+        key="wi_load_table",
     )

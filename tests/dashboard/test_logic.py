@@ -674,3 +674,37 @@ def test_plan_command_is_what_kvplan_plan_reads():
     assert (args.command, args.trace, args.limit, args.rate) == ("plan", "azure_conv_2023", 2000, 60.0)
     assert args.slo == "ttft_p99=2000ms,tpot_p99=80ms" and args.max_num_seqs == [128, 256]
     assert args.gpus == ["H100-SXM", "H200-SXM"] and args.tp == [1, 2] and args.mix_latency_models
+
+
+def test_load_curve_and_its_knee(two_results):
+    trace, jobs, _ = two_results
+    runs = {}
+    for mult in (0.5, 1.0, 4.0):
+        t = traces.scale_rate(trace, factor=mult)
+        runs[mult] = dict(zip(("a", "b"), logic.run_jobs(t, jobs)))
+    curve = logic.load_curve(runs, SLO(ttft_s=2.0), "ttft_p99_s")
+    assert len(curve) == 6 and set(curve["config"]) == {"a", "b"}
+    a = curve[curve["config"] == "a"].sort_values("multiplier")
+    assert a["offered_rps"].is_monotonic_increasing and a["latency_ms"].iloc[-1] > a["latency_ms"].iloc[0]
+    knee = logic.knees(curve).set_index("config")
+    assert knee.loc["a", "offered_rps"] >= a["offered_rps"].iloc[0]
+    # the knee is the last qualifying point before the first that is not
+    made_up = pd.DataFrame(
+        {
+            "config": ["x"] * 3,
+            "offered_rps": [1.0, 2.0, 3.0],
+            "latency_ms": [1.0, 2.0, 9.0],
+            "qualifies": [True, False, True],
+        }
+    )
+    assert logic.knees(made_up)["offered_rps"].tolist() == [1.0]
+    assert logic.knees(made_up.assign(qualifies=False)).empty
+
+
+def test_capacity_answer_is_kvplan_capacitys_search():
+    trace = small_trace(120, rate_scale=1.0)
+    config = logic.ConfigSpec("a").to_sim_config(resolve_model(MODEL), GPU)
+    objectives = logic.plan_objectives(1.0, None, None)
+    answer = logic.capacity_answer(trace, MODEL, logic.LATENCY_ROOFLINE, config, objectives, tolerance=0.2)
+    assert answer.max_rate is not None and answer.max_rate > len(trace) / trace.duration_s
+    assert answer.row["ttft_p99_s"] <= 1.0

@@ -128,6 +128,24 @@ def test_whatif_two_configs_other_model_and_trace():
     assert any("mooncake_synthetic" in t for t in texts(at.caption))
 
 
+def test_whatif_latency_against_load():
+    """The load view simulates only on its button, then draws each configuration's p99 against the
+    offered rate with its knee, and a table of the knee and kvplan capacity's rate."""
+    at = app_on("whatif", wi_window=10.0, wi_n=2, wi_view="Latency against load")
+    no_exceptions(at)
+    assert "wi_load_curve" not in charts(at)
+    assert any("Draw the load curves" in t for t in texts(at.info))
+    button(at, "Draw the load curves").click().run()
+    no_exceptions(at)
+    curve = charts(at)["wi_load_curve"]
+    lines = [t for t in curve["data"] if t.get("mode") == "lines+markers"]
+    assert len(lines) == 2 and len(lines[0]["marker"]["symbol"]) == 6  # one marker per rate
+    assert any(t["name"].startswith("knee") for t in curve["data"])
+    table = frame(at, "kvplan capacity (req/s)")
+    assert list(table["config"]) == ["A: default", "B: block 256"]
+    assert (table["kvplan capacity (req/s)"] > 0).all()
+
+
 def test_whatif_async_scheduling_takes_the_async_profile():
     """The async toggle simulates the engine's async loop on the shipped `_async` profile (Qwen3-0.6B,
     block 16): decode steps scheduled ahead skip the host's time, so TPOT p50 drops."""
