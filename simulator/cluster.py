@@ -34,6 +34,21 @@ class LeastOutstandingRouter(Router):
         return min(self.replicas, key=lambda r: (r.outstanding_tokens, r.index))
 
 
+def least_outstanding_lead(outstanding: int, index: int, others: list[int]) -> int:
+    """Tokens the other replicas must be sent before `LeastOutstandingRouter` can choose replica
+    `index`, which holds `outstanding` tokens and sends none away meanwhile: `others` bound each
+    replica's outstanding tokens from above (by index, `index`'s own entry ignored; a replica's
+    count only grows by what it is sent). It is chosen only when every other one holds more, or as
+    many from a higher index."""
+    lead = 0
+    for q, o in enumerate(others):
+        if q != index:
+            need = outstanding + (q < index) - o
+            if need > 0:
+                lead += need
+    return lead
+
+
 class PrefixAwareRouter(Router):
     _PARAMS = SamplingParams(max_tokens=1)
 

@@ -3,7 +3,9 @@
 One arrival process replays a Trace through a router; one process per replica loops
 `schedule -> wait(latency) -> postprocess`, or collapses a run of decode-only steps with the
 scheduler's exact `fast_forward` (or, after a step, `postprocess_and_fast_forward`). A replica waits in SimPy only where it could meet an arrival (its
-steps that end earlier run back to back, landing on the same times). No scheduling logic lives here.
+steps that end earlier run back to back, landing on the same times); where the router tells which
+arrivals may come to a replica (`RouteAhead`), its runs go on past the others. No scheduling logic
+lives here.
 
 With `SimConfig.async_scheduling` a replica follows the engine's async loop (engine/llm.py): a decode
 step is launched and the next one scheduled while it runs, so the scheduler sees the requests that
@@ -20,16 +22,18 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
 import simpy
 
 from engine.block_manager import BlockManager
 from engine.scheduler import can_run_ahead, follows, schedules_ahead
 from engine.sequence import SamplingParams, Sequence, SequenceStatus, request_record
-from simulator.cluster import make_router
+from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_lead, make_router
 from simulator.config import SimConfig
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
 from simulator.latency.base import LatencyModel
@@ -52,6 +56,80 @@ class NextArrival:
 
     time: float = math.inf
     event_time: float = -math.inf
+
+
+class RouteAhead:
+    """Which arrival a replica's decode runs must stop at, where the router tells before it chooses:
+    round_robin sends arrival i to replica i mod R; least_outstanding reads only outstanding tokens,
+    which a replica's run leaves as they are until a request finishes, so it cannot choose a replica
+    in a run before the others have been sent `least_outstanding_lead` tokens. A replica's runs then
+    end at its own next (possible) arrival, not at every arrival; it still waits in SimPy for the
+    arrival before a segment that changes its outstanding tokens (the router reads them there).
+    Other routers (prefix_aware reads the blocks that runs register), and least_outstanding under
+    async scheduling (a request rejected at admission changes outstanding tokens mid-run), stop
+    every replica's runs at every arrival. `of` says which applies."""
+
+    def __init__(self, router, replicas: list, arrivals: list[float], prompt_lens, output_lens) -> None:
+        self.replicas = replicas
+        self.arrivals = arrivals
+        self.round_robin = isinstance(router, RoundRobinRouter)
+        # the SimPy time of each arrival's event, as the arrival process schedules it
+        self.event_times = event_times = array("d")
+        now = 0.0
+        for a in arrivals:
+            if a > now:
+                now = now + (a - now)
+            event_times.append(now)
+        self.next_index = 0  # the arrivals before it have been routed
+        self.outstanding = [0] * len(replicas)  # each replica's, as the last arrival left them
+        self._tokens_before = None  # least_outstanding: prompt + output tokens of arrivals [0, i)
+        if not self.round_robin:
+            tokens = np.asarray(prompt_lens, dtype=np.int64) + np.asarray(output_lens, dtype=np.int64)
+            self._tokens_before = np.concatenate(([0], np.cumsum(tokens)))
+        for replica in replicas:
+            replica.own = NextArrival()
+            if self.round_robin:
+                self._set(replica.own, replica.index)
+            else:
+                replica.route_ahead = self
+
+    @classmethod
+    def of(
+        cls, router, replicas: list, arrivals: list[float], prompt_lens, output_lens, async_scheduling: bool
+    ):
+        """The plan for `router`, or None where every arrival stops every replica's runs."""
+        if len(replicas) < 2:
+            return None  # one replica: its next arrival is the next arrival
+        if isinstance(router, RoundRobinRouter) or (
+            isinstance(router, LeastOutstandingRouter) and not async_scheduling
+        ):
+            return cls(router, replicas, arrivals, prompt_lens, output_lens)
+        return None
+
+    def _set(self, marker: NextArrival, i: int) -> None:
+        if i < len(self.arrivals):
+            marker.time, marker.event_time = self.arrivals[i], self.event_times[i]
+        else:
+            marker.time = marker.event_time = math.inf
+
+    def routed(self, i: int, replica) -> None:
+        """Arrival i has been sent to `replica`."""
+        self.next_index = i + 1
+        if self.round_robin:
+            self._set(replica.own, i + len(self.replicas))
+        else:
+            self.outstanding = [r.outstanding_tokens for r in self.replicas]
+            replica.own_stale = True
+
+    def refresh(self, replica) -> None:
+        """least_outstanding: the first arrival that could be sent to `replica`, as it is now."""
+        replica.own_stale = False
+        i = self.next_index
+        lead = least_outstanding_lead(replica.outstanding_tokens, replica.index, self.outstanding)
+        if lead > 0:  # the arrivals from i on that bring the others `lead` tokens go elsewhere
+            before = self._tokens_before
+            i = int(before.searchsorted(before[i] + lead))
+        self._set(replica.own, i)
 
 
 @dataclass
@@ -92,8 +170,11 @@ class LaggedDecodeTimes:
     def __call__(self, num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline):
         times = self.decode_times(num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline)
         k = len(times) - 1
-        if k < max_steps:  # stopped by the deadline: the step starting at or after it runs too
-            times = self.decode_times(num_seqs, num_context_tokens, max_seq_len, k + 1, start, math.inf)
+        if k < max_steps:  # stopped by the deadline: the step starting at or after it runs too,
+            # priced from times[k] as the run would (step k + 1 reads k * num_seqs more tokens)
+            times += self.decode_times(
+                num_seqs, num_context_tokens + k * num_seqs, max_seq_len + k, 1, times[k], math.inf
+            )[1:]
         self.times = times
         return times
 
@@ -132,7 +213,11 @@ class Replica:
         self.clock = 0.0  # exact simulated time of this replica; env.now follows it
         self.block_manager = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = FastForwardScheduler(config.scheduler_config(), self.block_manager, clock=self._now)
-        self.arrival = arrival
+        self.arrival = arrival  # the next arrival, wherever it goes
+        # the next arrival that may come here (`RouteAhead`; else `arrival`): where runs stop
+        self.own = arrival
+        self.route_ahead: RouteAhead | None = None  # least_outstanding: refreshes `own`
+        self.own_stale = False  # least_outstanding: `own` is to be refreshed
         self.outstanding_tokens = 0  # prompt + requested output tokens of unfinished requests
         self.records: list[tuple] = []
         self.timeline: list[tuple] = []
@@ -160,6 +245,7 @@ class Replica:
             seq = None
         else:
             seq = self._add(request_id, prompt, output_len, arrival_s)
+        self.own_stale = True  # more outstanding tokens (see `RouteAhead`)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed(arrival_s)
         return seq
@@ -175,7 +261,7 @@ class Replica:
     def _deadline(self) -> float:
         """The time a run of decode steps must stop at: the next request the scheduler will see."""
         inbox = self.inbox
-        return min(self.arrival.time, inbox[0][0]) if inbox else self.arrival.time
+        return min(self.own.time, inbox[0][0]) if inbox else self.own.time
 
     def _add(self, request_id: int, prompt: list[int], output_len: int, arrival_s: float) -> Sequence:
         params = self._params.get(output_len)
@@ -215,21 +301,30 @@ class Replica:
         A replica meets the rest of the simulation only at arrival events, so a step or run that ends
         before the pending one is not waited for in SimPy: the next is computed at once. `now`
         follows the time SimPy would be at after each wait (now + max(0, end - now)); as soon as it
-        reaches the pending arrival's event time (a tie included), the replica takes the waits it
-        owes and lands on exactly that time, as if it had waited for every step. A step's postprocess
+        reaches the event time of the next arrival that may come here (`own`, a tie included), the
+        replica takes the waits it owes and lands on exactly that time, as if it had waited for every
+        step; with least_outstanding also before a segment that may change its outstanding tokens
+        (a step, a run that finishes requests) once it reaches the next arrival's (`RouteAhead`).
+        The waits go one by one where an arrival comes before the last one starts, so that SimPy
+        orders the replica and the arrivals at a tie as waiting after every step does. A step's postprocess
         also runs the decode steps that `fast_forward` would run next (nothing happens in between
         but a timeline sample, so not where one is due): that run is the next segment."""
         env, sched, counters = self.env, self.scheduler, self.counters
         fast_forward = sched.fast_forward if self.config.fast_forward else None
         fuse = fast_forward is not None  # a step's postprocess and the run after it in one call
         arrival, chain, interval = self.arrival, self.chain_steps, self.config.timeline_interval_s
+        route_ahead = self.route_ahead  # least_outstanding: refreshes `own`; waits before changes
         async_ = self.async_scheduling
         latency, decode_times = self.latency, self.decode_times
         now, owed, segments = env.now, [], 0
+        last = now  # SimPy's time before the last wait owed
         pending = None  # (steps, end, finished) of a run that a step's postprocess ran: the next segment
         pending_overlapped = False  # async: that run's steps were scheduled ahead
         ahead = False  # async: the next step is scheduled while the one before runs, if it chains
         while pending is not None or sched.has_unfinished():
+            if self.own_stale and route_ahead is not None:
+                route_ahead.refresh(self)
+            own = self.own
             start = self.clock
             batch, k = None, 0
             if async_ and pending is None:
@@ -238,7 +333,7 @@ class Replica:
                 (k, end, finished), pending = pending, None
                 run_overlapped = pending_overlapped
             elif fast_forward is not None and decode_times is not None:
-                deadline = self._deadline() if async_ else arrival.time
+                deadline = self._deadline() if async_ else own.time
                 run_seqs = tuple(sched.running) if async_ else None  # the run's, for the next step
                 k, end, finished = fast_forward(decode_times, start, deadline, SIM_TOKEN_ID)
                 run_overlapped = decode_times is self._lagged_overlapped
@@ -273,11 +368,18 @@ class Replica:
                     step_s = latency.predict(batch).total
                 end = start + step_s
             delay = max(0.0, end - now)
+            last = now
             now += delay
             owed.append(delay)
-            if now >= arrival.event_time or not chain:
-                yield from self._wait(owed, now)
+            if (
+                now >= own.event_time
+                or not chain
+                or (route_ahead is not None and now >= arrival.event_time and (batch is not None or finished))
+            ):
+                yield from self._wait(owed, now, arrival.event_time > last)
                 owed = []
+                if now >= own.event_time:  # it may come here now: `own` is to be refreshed
+                    self.own_stale = True
             self.clock = end
             if batch is None:
                 if finished:
@@ -289,7 +391,7 @@ class Replica:
                 # with the run after the step where no timeline sample is due between them
                 if fuse and run_times is not None and end - self._last_sample < interval:
                     num, run_end, finished = sched.postprocess_and_fast_forward(
-                        batch, run_times, self._deadline() if async_ else arrival.time, SIM_TOKEN_ID
+                        batch, run_times, self._deadline() if async_ else own.time, SIM_TOKEN_ID
                     )
                     if num:
                         pending, finished = (num, run_end, finished), []
@@ -305,7 +407,7 @@ class Replica:
             if end - self._last_sample >= interval or not segments & 255:
                 self._sample()
         if owed:
-            yield from self._wait(owed, now)
+            yield from self._wait(owed, now, arrival.event_time > last)
 
     def _note_capacity(self, batch) -> None:
         """Note the tokens and running requests of a step just scheduled (see `CapacityUse`)."""
@@ -347,12 +449,13 @@ class Replica:
         # run stops before a preemption) and it follows the step (none of whose requests finished)
         return self._lagged if self.scheduler.waiting else self._lagged_overlapped
 
-    def _wait(self, delays: list[float], until: float):
+    def _wait(self, delays: list[float], until: float, at_once: bool = True):
         """Wait in SimPy until `until`, the time that waiting `delays` one after the other reaches:
-        in one timeout when that lands exactly there, else one by one."""
+        in one timeout when that lands exactly there and `at_once` (no arrival comes before the
+        last delay starts), else one by one."""
         env = self.env
         total = until - env.now
-        if len(delays) > 1 and env.now + total == until:  # SimPy schedules at now + delay
+        if at_once and len(delays) > 1 and env.now + total == until:  # SimPy schedules at now + delay
             yield env.timeout(total)
             return
         for delay in delays:
@@ -360,6 +463,8 @@ class Replica:
 
     def _finish_all(self, finished: list[Sequence]) -> None:
         bs, use = self.config.block_size, self.capacity
+        if finished:
+            self.own_stale = True  # fewer outstanding tokens (see `RouteAhead`)
         for seq in finished:
             num_tokens = seq.num_prompt_tokens + seq.user_data[1]
             self.outstanding_tokens -= num_tokens
@@ -444,6 +549,14 @@ def simulate(
         for replica in replicas:
             replica.batch_log, replica.overlap_log = [], []
     router = make_router(config.router, replicas)
+    route_ahead = RouteAhead.of(
+        router,
+        replicas,
+        arrivals,
+        df["prompt_len"].to_numpy(),
+        df["output_len"].to_numpy(),
+        config.async_scheduling,
+    )
     vocab = synthetic_vocab_size(config.model.vocab_size, config.block_size)
 
     def arrival_process():
@@ -463,6 +576,8 @@ def simulate(
                 prompt = chunk[i % _TOKEN_CHUNK]
             replica = router.choose(prompt)
             replica.submit(request_ids[i], prompt, output_lens[i], a)
+            if route_ahead is not None:
+                route_ahead.routed(i, replica)
             if bar is not None and i % 512 == 511:
                 bar.update(512)
         arrival.event_time = math.inf

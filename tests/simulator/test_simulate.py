@@ -142,9 +142,9 @@ def _counting_waits(monkeypatch):
     counts = {"waits": 0}
     wait = Replica._wait
 
-    def counted(self, delays, until):
+    def counted(self, delays, until, *rest):
         counts["waits"] += 1
-        return wait(self, delays, until)
+        return wait(self, delays, until, *rest)
 
     monkeypatch.setattr(Replica, "_wait", counted)
     return counts
