@@ -1,7 +1,9 @@
 """Calibrate and prove on one GPU in one process: profile, then replay a light and a heavy window.
 
 Makes a random-weight checkpoint of a real shape, serves it with one LLM (one warm-up), runs the
-designed step-shape sweep (`engine.profiling`), optionally serves `--fit-replays` windows whose step
+designed step-shape sweep (`engine.profiling`, docs/CALIBRATION.md: sized from the engine's KV
+cache, its device time estimated on a shipped profile and held to `--profile-budget` before it runs),
+optionally serves `--fit-replays` windows whose step
 records join the sweep's in the fit (pick windows that no validation replay uses), fits and saves the
 profile, then replays the `--replays` windows of a shipped trace in real time and writes replay
 folders for `kvplan validate`. Prints a table.
@@ -22,7 +24,7 @@ import torch
 from engine.checkpoint import make_random_checkpoint
 from engine.cli import PRESET_ARCH, _split_kv, _version, profile_report
 from engine.llm import LLM
-from engine.profiling import run_profile
+from engine.profiling import envelope, plan_sweep, run_profile
 from engine.replay import gpu_name, replay_trace, write_replay
 from simulator.cli import load_trace_arg
 from simulator.latency.profile import fit_profile
@@ -45,11 +47,27 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--preset", default="qwen3-0.6b", choices=sorted(PRESET_ARCH))
     p.add_argument("--block-sizes", default="16", help="comma-separated; one checkpoint serves them all")
-    p.add_argument("--num-kv-tokens", type=int, default=131072, help="KV cache size in tokens")
+    p.add_argument(
+        "--num-kv-tokens",
+        type=int,
+        default=None,
+        help="KV cache size in tokens (default: what --gpu-memory-utilization leaves, as serving sizes it)",
+    )
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-model-len", type=int, default=16384)
-    p.add_argument("--profile-budget", type=float, default=120.0)
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument(
+        "--profile-budget",
+        type=float,
+        default=300.0,
+        help="device seconds the sweep may take, estimated before it runs (over it: an error)",
+    )
+    p.add_argument(
+        "--estimate-profile",
+        default=None,
+        help="profile JSON that prices the sweep's steps (default: the shipped one of the preset, GPU, block size)",
+    )
     p.add_argument("--trace", default="azure_conv_2023")
     p.add_argument("--replays", default=DEFAULT_REPLAYS, help="name=START:END@SCALE,... ('' for none)")
     p.add_argument("--replay-block-sizes", default="16", help="block sizes that also run the replays")
@@ -89,7 +107,7 @@ def calibrate(
     """Serve `ckpt` at `block_size`: profile, the fit replays, fit, save, then the replays. Returns
     table rows."""
     rows = []
-    blocks = args.num_kv_tokens // block_size
+    blocks = args.num_kv_tokens // block_size if args.num_kv_tokens else None
     t0 = time.perf_counter()
     llm = LLM(
         ckpt,
@@ -98,11 +116,17 @@ def calibrate(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         num_kv_blocks=blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         async_scheduling=args.async_scheduling,
     )
+    blocks = llm.cache_config.num_blocks
     rows.append((f"bs{block_size}: engine ready (load + warm-up)", f"{time.perf_counter() - t0:.1f} s"))
     t1 = time.perf_counter()
-    records = run_profile(llm, time_budget_s=args.profile_budget, progress=False)
+    plan = plan_sweep(llm, args.estimate_profile, gpu=gpu)
+    rows.append((f"bs{block_size}: sweep estimate", f"{plan.estimate['total']:.0f} s on {plan.source}"))
+    records = run_profile(
+        llm, time_budget_s=args.profile_budget, progress=False, plan=plan, budget_flag="--profile-budget"
+    )
     tag = f"{args.preset}_{gpu.lower()}_tp1_bs{block_size}"
     records.to_parquet(out / f"steps_{tag}.parquet", index=False)
     rows.append((f"bs{block_size}: profile", f"{len(records)} steps in {time.perf_counter() - t1:.0f} s"))
@@ -126,9 +150,11 @@ def calibrate(
         split_kv=_split_kv(llm),
         extra={
             "model_name": args.preset,
-            "policy": "chunked",
+            "policy": llm.scheduler_config.policy,
             **llm.kernel_choices(),
             "source": "benchmarks/calibrate.py",
+            "sweep_envelope": envelope(records, block_size),
+            "sweep_estimate_s": {k: round(v, 1) for k, v in plan.estimate.items()},
             **({"fit_replays": args.fit_replays, "trace": args.trace} if fit_replays else {}),
         },
     )

@@ -1,26 +1,46 @@
 """A designed sweep of step shapes run through the real engine, recorded for the latency fit.
 
-Decode batches over a grid of batch sizes and contexts (distinct prompts: shared ones would read
-their KV from L2 and look cheaper than serving), decode batches whose lengths spread as serving's do
-(a longest sequence ~3.5x the mean), the same over a nearly full cache (serving near saturation:
-large batches, the shortest sequences shorter), prefill chunks with and without cached prefixes,
-mixed steps (decodes plus a prefill chunk, also over a full cache), then two short synthetic-traffic
-replays so the serving loop's own shapes are in the fit. All of it goes through `LLM` exactly as
-serving does.
+Phases, in the order they run (docs/CALIBRATION.md says what each covers and why):
+- `short`: the sweep of a 131k-token box: decode batches over a grid of batch sizes and contexts to
+  4k (distinct prompts: shared ones would read their KV from L2 and look cheaper than serving),
+  decode batches whose lengths spread as serving's do, the same over a (131k-token) full box,
+  prefill chunks with and without cached prefixes, mixed steps at short context;
+- `long`: decode batches over a corpus of distinct documents sized from the engine's real KV cache
+  (`corpus_lengths`: one per sequence slot, the longest at max_model_len, spread geometrically to
+  fill most of the cache), every batch size from 1 to max_num_seqs and uniform batches at 8k to
+  max_model_len; each document is prefilled once and reused by prefix hits;
+- `mixed_long`: long prefills (half and all of max_model_len) chunked beside long decodes;
+- `full`: the largest batch over nearly all of the cache;
+- with async scheduling, a `sync` twin of every `long` and `full` workload whose requests stop at
+  EOS: the engine cannot run their steps ahead, so the fit's sync terms see every block-table width;
+- then two short synthetic-traffic replays so the serving loop's own shapes are in the fit.
+All of it goes through `LLM` exactly as serving does. `plan_steps` replays the same driver on the
+control plane alone (no torch): the step shapes the sweep will run, for the device-time estimate
+(`estimate_seconds`, priced by a shipped profile) and the envelope it covers (`envelope`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from engine.config import cdiv
 from engine.sequence import SamplingParams
 
 DECODE_STEPS = 40
+SHORT_KV_TOKENS = 131072  # the `short` phase's box: the cache the shipped profiles were measured in
+CORPUS_SHARE = 0.8  # of the KV cache: the `long` phase's documents together
+FULL_SHARE = 0.97  # of the KV cache: the `full` workload's prompts and decode room together
+LONG_CONTEXTS = (8192, 16384, 24576, 32768)  # uniform long-context decode batches (<= the longest document)
+LONG_BATCHES = (1, 4, 16, 64)
+MIXED_LONG_SHARES = (16, 4)  # mixed_long: decode batches of 1/16 and 1/4 of the documents
+PHASES = ("short", "long", "mixed_long", "full", "serving")
+SERVING_S = 28.0  # the two synthetic-traffic replays: 20 s + 8 s of traffic, served in real time
 
 
 @dataclass(frozen=True)
@@ -34,6 +54,10 @@ class Workload:
     chunk_len: int = 0  # mixed: prompt length of the requests that join the running decodes
     shortest: int = 0  # > 0: prompts spread geometrically from this to prompt_len (decode_spread, mixed)
     longest: int = 0  # decode_serving: no prompt longer
+    phase: str = "short"
+    lengths: tuple[int, ...] = ()  # > (): sequence i's prompt is corpus document i's first lengths[i] tokens
+    joins: tuple[int, ...] = ()  # mixed over documents: fresh prompts that join one after another
+    sync: bool = False  # its requests stop at EOS: an async engine cannot run their steps ahead
 
 
 @dataclass(frozen=True)
@@ -46,6 +70,113 @@ class SweepLimits:
     kv_tokens: int  # KV cache size in tokens
     policy: str
     block_size: int = 16
+    async_scheduling: bool = False
+
+    @classmethod
+    def of_llm(cls, llm) -> SweepLimits:
+        """The limits of an engine: its scheduler's and its real KV cache's (blocks x block size)."""
+        cfg, cache = llm.scheduler_config, llm.cache_config
+        return cls(
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            cfg.max_model_len,
+            cache.num_blocks * cache.block_size,
+            cfg.policy,
+            cache.block_size,
+            bool(getattr(llm, "async_scheduling", False)),
+        )
+
+
+def sweep(limits: SweepLimits) -> list[Workload]:
+    """Every phase's workloads in the order they run: `design` within the short box, then
+    `long_workloads`, with their `sync` twins under async scheduling."""
+    box = SweepLimits(
+        limits.max_num_seqs,
+        limits.max_num_batched_tokens,
+        limits.max_model_len,
+        min(limits.kv_tokens, SHORT_KV_TOKENS),
+        limits.policy,
+        limits.block_size,
+    )
+    return design(box) + long_workloads(limits)
+
+
+def corpus_lengths(limits: SweepLimits) -> list[int]:
+    """The `long` phase's documents, longest first: as many as the cache holds up to one per
+    sequence slot (max_num_seqs), the longest `longest_document` tokens, spread geometrically
+    (`fill_shortest`, from 16 tokens up) so that together they fill CORPUS_SHARE of the cache."""
+    longest, budget = longest_document(limits), int(CORPUS_SHARE * limits.kv_tokens)
+    if longest < 16:
+        return []
+    n = limits.max_num_seqs
+    if n * longest <= budget:
+        return [longest] * n
+    lo, hi = 0, n + 1  # sum(spread(lo)) <= budget < sum(spread(hi)), from the floor of 16
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if sum(spread_lengths(mid, longest, 16)) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0:
+        return []
+    shortest = fill_shortest(lo, longest, budget)
+    return [longest] * lo if shortest is None else spread_lengths(lo, longest, shortest)[::-1]
+
+
+def longest_document(limits: SweepLimits) -> int:
+    """The longest prompt of the long phases: max_model_len less room for two runs of decode steps."""
+    return limits.max_model_len - 2 * DECODE_STEPS
+
+
+def long_workloads(limits: SweepLimits) -> list[Workload]:
+    """The `long`, `mixed_long` and `full` phases (and, with async scheduling, the `sync` twins of
+    the decode ones) over the corpus documents (`corpus_lengths`)."""
+    docs = corpus_lengths(limits)
+    if not docs:
+        return []
+    n_docs, bs = len(docs), limits.block_size
+    batches = sorted({b for b in (1 << k for k in range(12)) if b <= n_docs} | {n_docs}, reverse=True)
+    # the documents' prefill first (chunks at long context), so that every batch over them is
+    # admitted by prefix hits and decodes together
+    out = [Workload("prefill", n_docs, docs[0], 1, phase="long", lengths=tuple(docs))]
+    out += [
+        Workload("decode", b, docs[0], DECODE_STEPS, phase="long", lengths=tuple(docs[:b])) for b in batches
+    ]
+    for c in LONG_CONTEXTS:
+        for b in LONG_BATCHES:
+            if b <= n_docs and c <= docs[b - 1] and c < limits.max_model_len:
+                out.append(Workload("decode", b, c, DECODE_STEPS, phase="long", lengths=(c,) * b))
+    if limits.policy == "chunked":
+        longest = docs[0]
+        joins = tuple(n for n in (longest // 2, longest) if n >= 16)
+        for b in dict.fromkeys(max(1, n_docs // k) for k in MIXED_LONG_SHARES):
+            chunk = limits.max_num_batched_tokens - b
+            if b > n_docs or chunk <= 0:
+                continue
+            steps = sum(cdiv(n, chunk) for n in joins) + DECODE_STEPS // 4
+            fits = sum(docs[:b]) + b * (steps + bs) + sum(joins) + 2 * bs <= limits.kv_tokens
+            if fits and docs[b - 1] + steps < limits.max_model_len:
+                out.append(
+                    Workload(
+                        "mixed", b, docs[0], steps, phase="mixed_long", lengths=tuple(docs[:b]), joins=joins
+                    )
+                )
+    b = n_docs
+    budget = int(FULL_SHARE * limits.kv_tokens) - b * (DECODE_STEPS + bs)
+    scale = budget / sum(docs)
+    if scale > 1:
+        full = tuple(min(docs[0], int(n * scale)) for n in docs)
+        out.append(Workload("prefill", b, docs[0], 1, phase="full", lengths=full))
+        out.append(Workload("decode", b, docs[0], DECODE_STEPS, phase="full", lengths=full))
+    if limits.async_scheduling:
+        twins = []
+        for w in out:
+            twins.append(w)
+            if w.kind == "decode":
+                twins.append(Workload(**{**w.__dict__, "sync": True}))
+        out = twins
+    return out
 
 
 def design(limits: SweepLimits) -> list[Workload]:
@@ -159,7 +290,28 @@ def spread_lengths(num_seqs: int, longest: int, shortest: int = 128) -> list[int
     return [round(x) for x in np.geomspace(shortest, longest, num_seqs)]
 
 
-def _prompts(rng: np.random.Generator, w: Workload, vocab: int) -> list[list[int]]:
+class Corpus:
+    """The long phases' documents: document i is a fixed random token sequence (seeded by `seed` and
+    i) of the longest document's length; a prompt takes its first n tokens, so a later prompt of the
+    same document hits what an earlier one left cached."""
+
+    def __init__(self, vocab: int, length: int, seed: int = 0) -> None:
+        self.vocab, self.length, self.seed = vocab, length, seed
+        self._docs: dict[int, np.ndarray] = {}
+
+    def prompt(self, i: int, n: int) -> list[int]:
+        if n > self.length:
+            raise ValueError(f"Corpus.prompt: {n} tokens asked of documents of {self.length}")
+        if i not in self._docs:
+            self._docs[i] = np.random.default_rng([self.seed, 1, i]).integers(0, self.vocab, self.length)
+        return self._docs[i][:n].tolist()
+
+
+def _prompts(
+    rng: np.random.Generator, w: Workload, vocab: int, corpus: Corpus | None = None
+) -> list[list[int]]:
+    if w.lengths:
+        return [corpus.prompt(i, n) for i, n in enumerate(w.lengths)]
     prefix = rng.integers(0, vocab, w.shared_prefix_len).tolist()
     if w.kind == "decode_serving":
         lengths = serving_lengths(w.num_seqs, w.prompt_len, w.longest, rng)
@@ -170,26 +322,233 @@ def _prompts(rng: np.random.Generator, w: Workload, vocab: int) -> list[list[int
     return [prefix + rng.integers(0, vocab, n).tolist() for n in lengths]
 
 
-def _run(llm, w: Workload, rng: np.random.Generator, vocab: int) -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=True)
-    prompts = _prompts(rng, w, vocab)
+def _serve(engine, prompts: list[list[int]], params: SamplingParams) -> None:
+    """`generate` on the step API: add every prompt, step until all are done."""
+    for prompt in prompts:
+        engine.add_request(prompt, params)
+    while engine.has_unfinished():
+        engine.step()
+
+
+def _run(engine, w: Workload, rng: np.random.Generator, vocab: int, corpus: Corpus | None = None) -> None:
+    """Drive one workload through `engine` (an `LLM`, or a `PlanEngine` for its step shapes)."""
+    params = SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=not w.sync)
+    prompts = _prompts(rng, w, vocab, corpus)
     if w.shared_prefix_len:  # cache the prefix first, so the measured prefills attend to it
-        llm.generate([prompts[0][: w.shared_prefix_len + 1]], SamplingParams(max_tokens=1), use_tqdm=False)
+        _serve(engine, [prompts[0][: w.shared_prefix_len + 1]], SamplingParams(max_tokens=1))
     if w.kind != "mixed":
-        llm.generate(prompts, params, use_tqdm=False)
+        _serve(engine, prompts, params)
         return
-    # Mixed: decodes running, then a new request joins each step, its prompt chunked into them.
+    # Mixed: decodes running, then new requests join, each prompt chunked into the steps.
     for p in prompts:
-        llm.add_request(p, params)
-    sched = llm.scheduler
+        engine.add_request(p, params)
+    sched = engine.scheduler
     while sched.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in sched.running):
-        llm.step()
+        engine.step()
     join = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    for _ in range(6):
-        llm.add_request(rng.integers(0, vocab, w.chunk_len).tolist(), join)
-        llm.step()
-    while llm.has_unfinished():
-        llm.step()
+    if w.joins:  # long prompts, one after another, each stepped until its prefill is done
+        for n in w.joins:
+            seq = engine.add_request(rng.integers(0, vocab, n).tolist(), join)
+            while seq.num_computed_tokens < seq.num_prompt_tokens and not seq.is_finished:
+                engine.step()
+    else:
+        for _ in range(6):
+            engine.add_request(rng.integers(0, vocab, w.chunk_len).tolist(), join)
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+
+
+PLAN_COLUMNS = (
+    "phase",
+    "workload",
+    "kind",
+    "num_seqs",
+    "num_prefill_seqs",
+    "num_decode_seqs",
+    "total_num_scheduled_tokens",
+    "num_prefill_tokens",
+    "total_num_cached_tokens",
+    "num_context_tokens",
+    "max_seq_len",
+    "prefill_attn_work",
+    "num_kv_blocks_used",
+    "overlapped",
+)
+
+
+class PlanEngine:
+    """The engine's loop on the control plane alone: the same Scheduler and BlockManager, a token
+    that is never EOS for every sample, and the async loop's rule for which decode steps are
+    scheduled while the step before them runs (`LLM.step`). Records each step's shape (PLAN_COLUMNS)."""
+
+    def __init__(self, limits: SweepLimits, eos_token_id: int | None, vocab: int) -> None:
+        from engine.block_manager import BlockManager
+        from engine.config import SchedulerConfig
+        from engine.scheduler import Scheduler
+
+        cfg = SchedulerConfig(
+            limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len, limits.policy
+        )
+        self.block_manager = BlockManager(limits.kv_tokens // limits.block_size, limits.block_size, True)
+        self.scheduler = Scheduler(cfg, self.block_manager, clock=lambda: 0.0, record_itl=False)
+        self.async_scheduling = limits.async_scheduling
+        self.eos_token_id = eos_token_id
+        self.token = next(t for t in range(vocab) if t != eos_token_id)
+        self._ahead = None  # the last step, when it could run ahead (the engine would leave it running)
+        self.rows: list[tuple] = []
+        self.phase, self.workload = "", -1
+
+    def add_request(self, prompt: list[int], params: SamplingParams):
+        return self.scheduler.add_request(prompt, params, None, self.eos_token_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list:
+        from engine.scheduler import can_run_ahead, schedules_ahead
+
+        sched, ahead = self.scheduler, self._ahead
+        reads_none = ahead is not None and sched.schedule_reads_no_token_values()
+        batch = sched.schedule()
+        if batch.is_empty:
+            self._ahead = None
+            return sched.postprocess(batch, [])
+        overlapped = reads_none and schedules_ahead(ahead.seqs, batch)
+        self._ahead = batch if self.async_scheduling and can_run_ahead(batch) else None
+        self.rows.append(
+            (self.phase, self.workload, batch.kind, batch.num_seqs, batch.num_prefill_seqs,
+             batch.num_decode_seqs, batch.total_num_scheduled_tokens, batch.num_prefill_tokens,
+             batch.total_num_cached_tokens, batch.num_context_tokens, batch.max_seq_len,
+             batch.prefill_attn_work, batch.num_kv_blocks_used, overlapped)
+        )  # fmt: skip
+        return sched.postprocess(batch, [self.token] * batch.num_seqs)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=list(PLAN_COLUMNS))
+
+
+def plan_steps(
+    work: list[Workload], limits: SweepLimits, vocab: int, eos_token_id: int | None = None, seed: int = 0
+) -> pd.DataFrame:
+    """The steps `run_profile` runs for `work` on an engine of `limits` (PLAN_COLUMNS, one row a
+    step), from the same driver on the control plane alone; equal to the engine's step records'
+    shapes while no request samples its EOS early (only `sync` requests stop at it)."""
+    engine = PlanEngine(limits, eos_token_id, vocab)
+    rng, corpus = np.random.default_rng(seed), Corpus(vocab, max(longest_document(limits), 1), seed)
+    for i, w in enumerate(work):
+        engine.phase, engine.workload = w.phase, i
+        _run(engine, w, rng, vocab, corpus)
+    return engine.frame()
+
+
+def step_seconds(steps: pd.DataFrame, model) -> np.ndarray:
+    """Each planned step's predicted time on a fitted latency model (`FittedModel`): a decode step
+    scheduled while the one before it ran on its `overlapped_model()`, the others on the model."""
+    from simulator.latency.base import StepShape
+
+    overlapped = model.overlapped_model() if hasattr(model, "overlapped_model") else model
+    out = np.empty(len(steps))
+    for j, row in enumerate(steps.itertuples(index=False)):
+        m = overlapped if row.overlapped and row.kind == "decode" else model
+        if row.kind == "decode":
+            out[j] = m.decode_step_time(row.num_seqs, row.num_context_tokens, row.max_seq_len)
+        else:
+            out[j] = m.predict(StepShape.of(row)).total
+    return out
+
+
+def estimate_seconds(steps: pd.DataFrame, model, serving: bool = True) -> dict[str, float]:
+    """Estimated device seconds per phase (PHASES; `total` too): the planned steps priced by
+    `step_seconds`, and the serving replays at SERVING_S (they run in real time)."""
+    seconds = pd.Series(step_seconds(steps, model), index=steps.index).groupby(steps["phase"]).sum()
+    out = {phase: float(seconds.get(phase, 0.0)) for phase in PHASES if phase != "serving"}
+    out["serving"] = SERVING_S if serving else 0.0
+    out["total"] = sum(out.values())
+    return out
+
+
+def envelope(steps: pd.DataFrame, block_size: int) -> dict[str, Any]:
+    """What the steps cover (planned steps or step records: the same columns), per group (decode;
+    decode steps not scheduled ahead, `decode_sync`; prefill and mixed): the number of steps and
+    [min, max] of batch, longest sequence, sum of context, step tokens, KV blocks in use and
+    block-table width (batch x blocks of the longest sequence)."""
+    frame = steps[steps["kind"] != "empty"]
+    if "compiled" in frame.columns:
+        frame = frame[~frame["compiled"].astype(bool)]
+    decode = frame[frame["kind"] == "decode"]
+    overlapped = decode["overlapped"].fillna(False).astype(bool) if "overlapped" in decode else False
+    groups = {
+        "decode": decode,
+        "decode_sync": decode[~overlapped],
+        "prefill": frame[frame["kind"] != "decode"],
+    }
+    out: dict[str, Any] = {"block_size": int(block_size)}
+    for name, rows in groups.items():
+        width = rows["num_seqs"] * ((rows["max_seq_len"] + block_size - 1) // block_size)
+        figures = {
+            "batch": rows["num_seqs"],
+            "longest": rows["max_seq_len"],
+            "context": rows["num_context_tokens"],
+            "step_tokens": rows["total_num_scheduled_tokens"],
+            "kv_blocks": rows["num_kv_blocks_used"],
+            "table_width": width,
+        }
+        out[name] = {"steps": int(len(rows))} | {
+            k: [int(v.min()), int(v.max())] if len(rows) else [0, 0] for k, v in figures.items()
+        }
+    return out
+
+
+def estimator_profile(llm, gpu: str | None = None):
+    """The shipped profile that prices the sweep of `llm`: its model, GPU, TP and block size (the
+    `_async` one under async scheduling), else the same at another shipped block size; None when
+    none ships."""
+    from simulator.cli import default_profile
+
+    gpu = gpu or _gpu_name()
+    model, tp = llm.spec.name, llm.parallel_config.tensor_parallel_size
+    asynchronous = bool(getattr(llm, "async_scheduling", False))
+    for block_size in dict.fromkeys((llm.cache_config.block_size, 16, 256)):
+        try:
+            path = default_profile(model, gpu, block_size, tp, asynchronous)
+        except (KeyError, ValueError):
+            return None
+        if path is not None:
+            return path
+    return None
+
+
+def _gpu_name() -> str:
+    import torch
+
+    from engine.replay import gpu_name
+
+    return gpu_name(torch.cuda.get_device_name()) if torch.cuda.is_available() else "H200"
+
+
+def check_budget(estimate: dict[str, float], budget_s: float, flag: str = "--time-budget") -> None:
+    """A ValueError naming `flag` when the estimated device time is over `budget_s`."""
+    if estimate["total"] > budget_s:
+        phases = ", ".join(f"{k} {v:.0f} s" for k, v in estimate.items() if k != "total")
+        raise ValueError(
+            f"{flag}: the sweep is estimated at {estimate['total']:.0f} s of device time ({phases}), "
+            f"over the budget of {budget_s:.0f} s"
+        )
+
+
+def format_estimate(estimate: dict[str, float], steps: pd.DataFrame, source: str) -> str:
+    counts = steps.groupby("phase").size()
+    parts = [
+        f"{k} {v:.1f} s ({int(counts.get(k, 0)):,} steps)"
+        for k, v in estimate.items()
+        if k not in ("total", "serving")
+    ]
+    return (
+        f"profile: estimated device time {estimate['total']:.0f} s on {source}: "
+        + ", ".join(parts)
+        + f", serving {estimate['serving']:.0f} s"
+    )
 
 
 def serving_traces(max_model_len: int) -> list:
@@ -206,32 +565,74 @@ def serving_traces(max_model_len: int) -> list:
     ]
 
 
-def run_profile(
-    llm, seed: int = 0, time_budget_s: float = 240.0, progress: bool = True, serving: bool = True
-) -> pd.DataFrame:
-    """Run the designed sweep on `llm` within `time_budget_s` (then, with `serving`, two short
-    synthetic-traffic replays); return its step records."""
-    cfg, cache = llm.scheduler_config, llm.cache_config
-    limits = SweepLimits(
-        cfg.max_num_seqs,
-        cfg.max_num_batched_tokens,
-        cfg.max_model_len,
-        cache.num_blocks * cache.block_size,
-        cfg.policy,
-        cache.block_size,
-    )
-    work = design(limits)
-    rng = np.random.default_rng(seed)
+@dataclass
+class SweepPlan:
+    """A sweep for one engine: its workloads, their planned steps and the estimate priced on `model`."""
+
+    limits: SweepLimits
+    work: list[Workload]
+    steps: pd.DataFrame
+    estimate: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+    seed: int = 0
+
+
+def plan_sweep(llm, model=None, seed: int = 0, serving: bool = True, gpu: str | None = None) -> SweepPlan:
+    """The sweep of `llm` (`sweep` of its limits), planned (`plan_steps`) and priced on `model` (a
+    fitted latency model, a profile path, or None: `estimator_profile`)."""
+    from simulator.latency.profile import LatencyProfile
+
+    limits = SweepLimits.of_llm(llm)
+    work = sweep(limits)
     vocab = min(llm.spec.vocab_size, 100_000)
+    steps = plan_steps(work, limits, vocab, llm.spec.eos_token_id, seed)
+    source = ""
+    if model is None:
+        model = estimator_profile(llm, gpu)
+        if model is None:
+            raise ValueError(
+                f"no shipped profile of {llm.spec.name} to estimate the sweep's device time with; pass one"
+            )
+    if not hasattr(model, "decode_step_time"):
+        source = str(model)
+        model = LatencyProfile.load(model).to_latency_model()
+    else:
+        source = model.profile.describe() if getattr(model, "profile", None) is not None else repr(model)
+    return SweepPlan(limits, work, steps, estimate_seconds(steps, model, serving), source, seed)
+
+
+def run_profile(
+    llm,
+    seed: int = 0,
+    time_budget_s: float = 300.0,
+    progress: bool = True,
+    serving: bool = True,
+    estimator=None,
+    plan: SweepPlan | None = None,
+    budget_flag: str = "--time-budget",
+) -> pd.DataFrame:
+    """Run the sweep on `llm` (then, with `serving`, two short synthetic-traffic replays); return its
+    step records. First plans it and prints its estimated device time (`plan_sweep`, priced on
+    `estimator`, unless `plan` is given); a ValueError naming `budget_flag` when that is over
+    `time_budget_s`. While running, stops (saying what was left) past twice the budget, should the
+    estimate be far off. The workloads' prompts come from the plan's seed."""
+    plan = plan or plan_sweep(llm, estimator, seed, serving)
+    print(format_estimate(plan.estimate, plan.steps, plan.source), flush=True)
+    check_budget(plan.estimate, time_budget_s, budget_flag)
+    rng = np.random.default_rng(plan.seed)
+    vocab = min(llm.spec.vocab_size, 100_000)
+    corpus = Corpus(vocab, max(longest_document(plan.limits), 1), plan.seed)
     t0 = time.perf_counter()
-    for w in tqdm(work, desc="profiling", unit="workload", disable=not progress):
-        if time.perf_counter() - t0 > time_budget_s:
-            print(f"profile: time budget of {time_budget_s:.0f} s reached; {len(work)} workloads planned")
+    for i, w in enumerate(tqdm(plan.work, desc="profiling", unit="workload", disable=not progress)):
+        if time.perf_counter() - t0 > 2 * time_budget_s:
+            print(
+                f"profile: twice the budget of {time_budget_s:.0f} s reached; ran {i} of {len(plan.work)} workloads"
+            )
             break
-        _run(llm, w, rng, vocab)
+        _run(llm, w, rng, vocab, corpus)
     if serving:
         from engine.replay import replay_trace
 
-        for trace in serving_traces(cfg.max_model_len):
+        for trace in serving_traces(plan.limits.max_model_len):
             replay_trace(llm, trace, progress=False, max_wall_s=120)
     return llm.recorder.to_dataframe()

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
+import pytest
 
 from engine.profiling import (
     SweepLimits,
+    check_budget,
+    corpus_lengths,
     design,
+    envelope,
+    estimate_seconds,
     fill_shortest,
     full_cache_workloads,
+    plan_steps,
     serving_lengths,
     spread_lengths,
+    step_seconds,
+    sweep,
 )
+from simulator.latency.profile import LatencyProfile
 
 
 def test_spread_lengths_are_geometric():
@@ -90,3 +102,108 @@ def test_serving_batches_fit_the_cache_at_large_pages():
         for b, total in planned.items():
             lengths = serving_lengths(b, total, 8192, np.random.default_rng(seed))
             assert sum(-(-(n + 40) // 256) for n in lengths) <= 512
+
+
+# The serving envelope of issue 25 (docs/CALIBRATION.md): Qwen3-0.6B on an H200 with async scheduling,
+# max_model_len 32768, max_num_batched_tokens 8192 and the engine's own cache, 71,457 blocks of 16.
+H200_LIMITS = SweepLimits(256, 8192, 32768, 71457 * 16, "chunked", 16, async_scheduling=True)
+SHIPPED = Path(__file__).resolve().parents[2] / "simulator" / "profiles"
+
+
+@pytest.fixture(scope="module")
+def h200_plan():
+    work = sweep(H200_LIMITS)
+    return work, plan_steps(work, H200_LIMITS, vocab=100_000, eos_token_id=151645)
+
+
+def test_corpus_fills_most_of_the_cache_longest_at_max_model_len():
+    docs = corpus_lengths(H200_LIMITS)
+    assert len(docs) == 210 and docs[:2] == [32688, 31517] and docs[-2:] == [17, 16]
+    assert sum(docs) == 912326 <= 0.8 * 71457 * 16 < sum(spread_lengths(211, 32688, 16))
+    # a cache that holds every slot at the longest length: uniform documents
+    assert corpus_lengths(SweepLimits(4, 256, 1024, 8192, "chunked")) == [944] * 4
+    assert corpus_lengths(SweepLimits(4, 256, 64, 8192, "chunked")) == []  # no room for a document
+
+
+def test_sweep_phases_and_sync_twins(h200_plan):
+    work, _ = h200_plan
+    assert [w.phase for w in work].count("short") == 112  # the 131k-token box's design, as before
+    decodes = [
+        (w.num_seqs, w.prompt_len) for w in work if w.phase == "long" and w.kind == "decode" and not w.sync
+    ]
+    assert decodes == [(210, 32688), (128, 32688), (64, 32688), (32, 32688), (16, 32688), (8, 32688),
+                       (4, 32688), (2, 32688), (1, 32688), (1, 8192), (4, 8192), (16, 8192),
+                       (1, 16384), (4, 16384), (16, 16384), (1, 24576), (4, 24576)]  # fmt: skip
+    assert [(w.phase, w.kind, w.num_seqs, w.joins) for w in work if w.phase in ("mixed_long", "full")] == [
+        ("mixed_long", "mixed", 13, (16344, 32688)), ("mixed_long", "mixed", 52, (16344, 32688)),
+        ("full", "prefill", 210, ()), ("full", "decode", 210, ()), ("full", "decode", 210, ()),
+    ]  # fmt: skip
+    # under async scheduling every long decode workload is followed by its twin that stops at EOS
+    long = [w for w in work if w.phase in ("long", "full") and w.kind == "decode"]
+    assert [w.sync for w in long] == [False, True] * (len(long) // 2)
+    assert all(a.lengths == b.lengths for a, b in zip(long[::2], long[1::2]))
+    assert not any(w.sync for w in sweep(SweepLimits(256, 8192, 32768, 71457 * 16, "chunked", 16)))
+    full = next(w for w in work if w.phase == "full" and w.kind == "decode")
+    assert sum(full.lengths) == 1077525 <= 0.97 * 71457 * 16 - 210 * (40 + 16)
+
+
+def test_planned_steps_reach_the_serving_envelope(h200_plan):
+    """Contexts to max_model_len, decode batches to max_num_seqs, sum of context to most of the cache,
+    decode steps not run ahead at every block-table width, mixed steps at long context."""
+    _, steps = h200_plan
+    assert steps.groupby("phase").size().to_dict() == {
+        "full": 111,
+        "long": 1472,
+        "mixed_long": 34,
+        "short": 3727,
+    }
+    assert envelope(steps, 16) == {
+        "block_size": 16,
+        "decode": {"steps": 4471, "batch": [1, 256], "longest": [129, 32727], "context": [128, 1085505],
+                   "step_tokens": [1, 256], "kv_blocks": [9, 67956], "table_width": [9, 429660]},
+        "decode_sync": {"steps": 1247, "batch": [1, 256], "longest": [129, 32727], "context": [128, 1085505],
+                        "step_tokens": [1, 256], "kv_blocks": [9, 67956], "table_width": [9, 429660]},
+        "prefill": {"steps": 873, "batch": [1, 256], "longest": [16, 32696], "context": [0, 1075648],
+                    "step_tokens": [5, 8192], "kv_blocks": [1, 67438], "table_width": [1, 429030]},
+    }  # fmt: skip
+    mixed = steps[(steps.phase == "mixed_long") & (steps.kind == "mixed")]
+    assert envelope(mixed, 16)["prefill"] == {
+        "steps": 15, "batch": [14, 53], "longest": [32688, 32696], "context": [344616, 808667],
+        "step_tokens": [116, 8192], "kv_blocks": [22057, 50580], "table_width": [28616, 108332],
+    }  # fmt: skip
+    # steps run ahead and steps not, in every factor-of-4 band of block-table width the long phases reach
+    decode = steps[(steps.kind == "decode") & (steps.phase != "short")]
+    width = decode.num_seqs * ((decode.max_seq_len + 15) // 16)
+    bands = np.digitize(width, [2048, 8192, 32768, 131072])
+    counts = pd.crosstab(bands, decode.overlapped).to_dict("index")
+    assert counts == {0: {False: 160, True: 152}, 1: {False: 200, True: 190}, 2: {False: 161, True: 160},
+                      3: {False: 81, True: 84}, 4: {False: 120, True: 114}}  # fmt: skip
+
+
+def test_estimate_prices_each_phase_on_a_shipped_profile(h200_plan):
+    _, steps = h200_plan
+    model = LatencyProfile.load(SHIPPED / "qwen3-0.6b_h200_tp1_bs16_async.json").to_latency_model()
+    est = estimate_seconds(steps, model)
+    assert est == pytest.approx(
+        {"short": 22.632967502463, "long": 19.444465471461, "mixed_long": 1.374915575131,
+         "full": 4.279740017648, "serving": 28.0, "total": 75.732088566703}, rel=1e-9
+    )  # fmt: skip
+    # a step run ahead is priced without the host's sync terms
+    seconds = step_seconds(steps, model)
+    row = steps[(steps.kind == "decode") & steps.overlapped].iloc[0]
+    j = steps.index.get_loc(row.name)
+    assert seconds[j] == model.overlapped_model().decode_step_time(
+        row.num_seqs, row.num_context_tokens, row.max_seq_len
+    )
+    assert estimate_seconds(steps, model, serving=False)["total"] == pytest.approx(
+        est["total"] - 28.0, rel=1e-12
+    )
+
+
+def test_budget_is_enforced_before_running():
+    est = {"short": 200.0, "long": 90.0, "mixed_long": 5.0, "full": 10.0, "serving": 28.0, "total": 333.0}
+    check_budget(est, 333.0)
+    with pytest.raises(
+        ValueError, match=r"--profile-budget: the sweep is estimated at 333 s .*over the budget of 300 s"
+    ):
+        check_budget(est, 300.0, "--profile-budget")
