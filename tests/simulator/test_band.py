@@ -162,3 +162,26 @@ def test_containment_of_a_shipped_replay():
         assert r["low"] <= r["sim"] <= r["high"]
         assert r["inside"] == (r["low"] <= r["real"] <= r["high"])
     assert f"of {len(rows)} real figures inside the band" in format_containment(rows)
+
+
+class _PlainModel:
+    """A latency model with only the protocol's two methods (no numpy passes of its own)."""
+
+    def predict(self, batch):
+        from simulator.latency import StepTime
+
+        t = 1e-3 + 2e-7 * batch.num_context_tokens if batch.num_seqs else 0.0
+        return StepTime(t, 0.0, 0.0, 0.0, t)
+
+    def decode_step_time(self, num_seqs, num_context_tokens, max_seq_len):
+        return 1e-3 + 2e-7 * num_context_tokens
+
+
+def test_a_model_without_numpy_passes_is_scaled_exactly():
+    model = ScaledModel(_PlainModel(), 1.07, 0.93)
+    for n, ctx, length, steps, deadline in RUNS:
+        want = accumulate_decode_times(model.decode_step_time, n, ctx, length, steps, 0.0, deadline)
+        assert model.decode_step_times(n, ctx, length, steps, 0.0, deadline) == want
+    step = model.predict(StepShape.decode(4, 1000, 300))
+    assert step.total == step.linear == _PlainModel().decode_step_time(4, 1000, 300) * 1.07
+    assert model.overlapped_model() is model
