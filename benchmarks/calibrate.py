@@ -8,6 +8,8 @@ records join the sweep's in the fit (pick windows that no validation replay uses
 profile, then replays the `--replays` windows of a shipped trace in real time and writes replay
 folders for `kvplan validate`. Prints a table.
 Usage (GPU): PYTHONPATH=. python3 benchmarks/calibrate.py --out DIR [--preset qwen3-0.6b] [--block-sizes 16,256]
+Without a GPU, the sweep each block size would run and its estimated device time:
+  PYTHONPATH=. python3 benchmarks/calibrate.py --plan-only --preset qwen3-8b --block-sizes 16,256 [--async-scheduling]
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ import torch
 from engine.checkpoint import make_random_checkpoint
 from engine.cli import PRESET_ARCH, _split_kv, _version, profile_report
 from engine.llm import LLM
-from engine.profiling import envelope, plan_sweep, run_profile
+from engine.profiling import (
+    SweepLimits,
+    envelope,
+    estimator_profile,
+    format_estimate,
+    plan_limits,
+    plan_sweep,
+    run_profile,
+)
 from engine.replay import gpu_name, replay_trace, write_replay
 from simulator.cli import load_trace_arg
 from simulator.latency.profile import fit_profile
@@ -44,7 +54,14 @@ def parse_replays(text: str) -> list[tuple[str, str, float]]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", default=None, help="output folder (required unless --plan-only)")
+    p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="no GPU: print each block size's sweep (its estimated device time and envelope) for the "
+        "cache an H200 gives the preset (or --num-kv-tokens) and exit",
+    )
+    p.add_argument("--gpu", default="H200", help="with --plan-only: the GPU whose memory sizes the cache")
     p.add_argument("--preset", default="qwen3-0.6b", choices=sorted(PRESET_ARCH))
     p.add_argument("--block-sizes", default="16", help="comma-separated; one checkpoint serves them all")
     p.add_argument(
@@ -81,6 +98,11 @@ def main() -> None:
         "--async-scheduling", action="store_true", help="serve (profile and replays) with async scheduling"
     )
     args = p.parse_args()
+    if args.plan_only:
+        print_plans(args)
+        return
+    if not args.out:
+        p.error("--out: required unless --plan-only")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
@@ -99,6 +121,52 @@ def main() -> None:
             rows += calibrate(args, ckpt, gpu, block_size, parse_replays(args.fit_replays), replays, out)
     (out / "calibrate.json").write_text(json.dumps(dict(rows), indent=2) + "\n")
     print("\n".join(f"{k:<44} {v}" for k, v in rows))
+
+
+def print_plans(args) -> None:
+    """The sweep of each block size without a GPU: the preset's cache on `args.gpu` as plans size it
+    (engine.config.default_num_kv_blocks; the engine's own sizing differs by a few blocks), planned on
+    the control plane and priced on the shipped (or --estimate-profile) profile."""
+    from engine.config import default_num_kv_blocks
+    from simulator.latency.gpus import get_gpu
+    from simulator.models import resolve_model
+
+    spec = resolve_model(args.preset)
+    for block_size in (int(b) for b in args.block_sizes.split(",")):
+        blocks = (
+            args.num_kv_tokens // block_size
+            if args.num_kv_tokens
+            else default_num_kv_blocks(
+                spec,
+                block_size,
+                get_gpu(args.gpu).usable_memory_bytes,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                max_num_seqs=args.max_num_seqs,
+            )
+        )
+        limits = SweepLimits(
+            args.max_num_seqs,
+            args.max_num_batched_tokens,
+            args.max_model_len,
+            blocks * block_size,
+            "chunked",
+            block_size,
+            args.async_scheduling,
+        )
+        model = args.estimate_profile or estimator_profile(
+            args.preset, args.gpu, block_size, 1, args.async_scheduling
+        )
+        if model is None:
+            raise SystemExit(
+                f"--estimate-profile: no shipped profile of {args.preset} on {args.gpu}; pass one"
+            )
+        plan = plan_limits(limits, spec, model)
+        print(f"{args.preset} block {block_size}: {blocks:,} KV blocks ({blocks * block_size:,} tokens)")
+        print("  " + format_estimate(plan.estimate, plan.steps, plan.source))
+        print("  envelope: " + json.dumps(envelope(plan.steps, block_size)))
+        if plan.estimate["total"] > args.profile_budget:
+            print(f"  over --profile-budget {args.profile_budget:.0f} s: a run would stop before the sweep")
 
 
 def calibrate(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ CORPUS_SHARE = 0.8  # of the KV cache: the `long` phase's documents together
 FULL_SHARE = 0.97  # of the KV cache: the `full` workload's prompts and decode room together
 LONG_CONTEXTS = (8192, 16384, 24576, 32768)  # uniform long-context decode batches (<= the longest document)
 LONG_BATCHES = (1, 4, 16, 64)
-MIXED_LONG_SHARES = (16, 4)  # mixed_long: decode batches of 1/16 and 1/4 of the documents
+MIXED_LONG_SHARES = (16, 4, 2)  # mixed_long: decode batches of 1/16, 1/4 and 1/2 of the documents
 PHASES = ("short", "long", "mixed_long", "full", "serving")
 SERVING_S = 28.0  # the two synthetic-traffic replays: 20 s + 8 s of traffic, served in real time
 
@@ -149,7 +150,7 @@ def long_workloads(limits: SweepLimits) -> list[Workload]:
                 out.append(Workload("decode", b, c, DECODE_STEPS, phase="long", lengths=(c,) * b))
     if limits.policy == "chunked":
         longest = docs[0]
-        joins = tuple(n for n in (longest // 2, longest) if n >= 16)
+        joins = tuple(n for n in (512, 2048, longest // 4, longest // 2, longest) if 16 <= n <= longest)
         for b in dict.fromkeys(max(1, n_docs // k) for k in MIXED_LONG_SHARES):
             chunk = limits.max_num_batched_tokens - b
             if b > n_docs or chunk <= 0:
@@ -500,18 +501,15 @@ def envelope(steps: pd.DataFrame, block_size: int) -> dict[str, Any]:
     return out
 
 
-def estimator_profile(llm, gpu: str | None = None):
-    """The shipped profile that prices the sweep of `llm`: its model, GPU, TP and block size (the
-    `_async` one under async scheduling), else the same at another shipped block size; None when
-    none ships."""
+def estimator_profile(model: str, gpu: str, block_size: int, tp: int = 1, async_scheduling: bool = False):
+    """The shipped profile that prices a sweep of `model` on `gpu`: the one of its TP and block size
+    (the `_async` one under async scheduling, where it ships), else the same at another shipped block
+    size; None when none ships."""
     from simulator.cli import default_profile
 
-    gpu = gpu or _gpu_name()
-    model, tp = llm.spec.name, llm.parallel_config.tensor_parallel_size
-    asynchronous = bool(getattr(llm, "async_scheduling", False))
-    for block_size in dict.fromkeys((llm.cache_config.block_size, 16, 256)):
+    for size in dict.fromkeys((block_size, 16, 256)):
         try:
-            path = default_profile(model, gpu, block_size, tp, asynchronous)
+            path = default_profile(model, gpu, size, tp, async_scheduling)
         except (KeyError, ValueError):
             return None
         if path is not None:
@@ -578,23 +576,30 @@ class SweepPlan:
 
 
 def plan_sweep(llm, model=None, seed: int = 0, serving: bool = True, gpu: str | None = None) -> SweepPlan:
-    """The sweep of `llm` (`sweep` of its limits), planned (`plan_steps`) and priced on `model` (a
-    fitted latency model, a profile path, or None: `estimator_profile`)."""
-    from simulator.latency.profile import LatencyProfile
-
+    """The sweep of `llm` (its limits: `SweepLimits.of_llm`), planned and priced (`plan_limits`;
+    `model` None: the shipped profile of its model on `gpu`, default the one here)."""
     limits = SweepLimits.of_llm(llm)
-    work = sweep(limits)
-    vocab = min(llm.spec.vocab_size, 100_000)
-    steps = plan_steps(work, limits, vocab, llm.spec.eos_token_id, seed)
-    source = ""
     if model is None:
-        model = estimator_profile(llm, gpu)
+        tp = llm.parallel_config.tensor_parallel_size
+        model = estimator_profile(
+            llm.spec.name, gpu or _gpu_name(), limits.block_size, tp, limits.async_scheduling
+        )
         if model is None:
             raise ValueError(
                 f"no shipped profile of {llm.spec.name} to estimate the sweep's device time with; pass one"
             )
+    return plan_limits(limits, llm.spec, model, seed, serving)
+
+
+def plan_limits(limits: SweepLimits, spec, model, seed: int = 0, serving: bool = True) -> SweepPlan:
+    """The sweep of an engine of `limits` serving `spec` (a ModelSpec: its vocabulary and EOS), its
+    steps planned (`plan_steps`) and priced on `model` (a fitted latency model or a profile path)."""
+    from simulator.latency.profile import LatencyProfile
+
+    work = sweep(limits)
+    steps = plan_steps(work, limits, min(spec.vocab_size, 100_000), spec.eos_token_id, seed)
     if not hasattr(model, "decode_step_time"):
-        source = str(model)
+        source = Path(model).name
         model = LatencyProfile.load(model).to_latency_model()
     else:
         source = model.profile.describe() if getattr(model, "profile", None) is not None else repr(model)
