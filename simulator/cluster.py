@@ -11,6 +11,8 @@ from engine.sequence import SamplingParams, Sequence
 
 
 class Router:
+    reads_prompt = False  # whether `choose` looks at the prompt's tokens (else its length will do)
+
     def __init__(self, replicas: list) -> None:
         self.replicas = replicas
 
@@ -50,6 +52,7 @@ def least_outstanding_lead(outstanding: int, index: int, others: list[int]) -> i
 
 
 class PrefixAwareRouter(Router):
+    reads_prompt = True
     _PARAMS = SamplingParams(max_tokens=1)
 
     def choose(self, prompt: list[int]):

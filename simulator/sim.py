@@ -558,6 +558,9 @@ def simulate(
         config.async_scheduling,
     )
     vocab = synthetic_vocab_size(config.model.vocab_size, config.block_size)
+    # the prompts the scheduler would reject are not generated (but for a router that reads them):
+    # a list of that many placeholder tokens stands in, dropped once the request is recorded
+    rejects = None if router.reads_prompt else _rejects(replicas[0].scheduler)
 
     def arrival_process():
         bar = _progress_bar(len(arrivals), progress, trace)
@@ -572,8 +575,10 @@ def simulate(
                 prompt = prompts[i]
             else:
                 if i % _TOKEN_CHUNK == 0:  # prompts of the next arrivals, generated together
-                    chunk = trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab)
+                    chunk = trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab, skip=rejects)
                 prompt = chunk[i % _TOKEN_CHUNK]
+                if prompt is None:
+                    prompt = [SIM_TOKEN_ID] * trace.prompt_num_tokens(i)
             replica = router.choose(prompt)
             replica.submit(request_ids[i], prompt, output_lens[i], a)
             if route_ahead is not None:
@@ -588,6 +593,22 @@ def simulate(
     env.process(arrival_process())
     env.run()
     return SimRun(config, replicas, num_kv_blocks, time.perf_counter() - t0, getattr(trace, "name", ""))
+
+
+class _PromptLength:
+    """A request's prompt length alone, as `Scheduler._rejection_reason` reads a Sequence."""
+
+    __slots__ = ("num_prompt_tokens",)
+
+    def __init__(self, num_prompt_tokens: int) -> None:
+        self.num_prompt_tokens = num_prompt_tokens
+
+
+def _rejects(scheduler):
+    """Whether `scheduler` (every replica's is configured alike) rejects a prompt of n tokens: its
+    own rule, asked of the length alone."""
+    rule = scheduler._rejection_reason
+    return lambda n: rule(_PromptLength(n)) is not None
 
 
 def trace_prompts(trace, vocab_size: int) -> list[list[int]]:

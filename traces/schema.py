@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -567,18 +568,46 @@ class Trace:
             int(c["prompt_len"][i]), ids, self.prefix_block_size, int(c["request_id"][i]), vocab_size, salt
         ).tolist()
 
+    def prompt_num_tokens(self, i: int) -> int:
+        """How many tokens `token_ids(i)` gives: its `prompt_token_ids` when present, else prompt_len."""
+        c = self._arrays()
+        if "tokens" in c:
+            off, _, valid = c["tokens"]
+            if valid[i]:
+                return int(off[i + 1] - off[i])
+        return int(c["prompt_len"][i])
+
     def token_ids_many(
-        self, start: int, stop: int, vocab_size: int = 32000, salt: int = 0
-    ) -> list[list[int]]:
+        self,
+        start: int,
+        stop: int,
+        vocab_size: int = 32000,
+        salt: int = 0,
+        skip: Callable[[int], bool] | None = None,
+    ) -> list[list[int] | None]:
         """`token_ids(i)` for rows start..stop-1, rows of unique tokens generated in one numpy pass
-        (the simulator calls this per chunk of arrivals; the values equal the per-row function's)."""
+        (the simulator calls this per chunk of arrivals; the values equal the per-row function's).
+        With `skip`, a row whose prompt length (`prompt_num_tokens`) it holds true for is None,
+        generated not at all (the simulator skips the prompts its scheduler would reject)."""
         c = self._arrays()
         rows = range(start, min(stop, len(self._df)))
+        skipped = [skip(self.prompt_num_tokens(i)) for i in rows] if skip is not None else None
         fancy = ("tokens" in c) or ("prefix" in c)
         if fancy or not len(rows):
-            return [self.token_ids(i, vocab_size, salt) for i in rows]
+            if skipped is None:
+                return [self.token_ids(i, vocab_size, salt) for i in rows]
+            return [None if out else self.token_ids(i, vocab_size, salt) for i, out in zip(rows, skipped)]
         lens = np.asarray(c["prompt_len"][rows.start : rows.stop], dtype=np.int64)
-        ids = np.asarray(c["request_id"][rows.start : rows.stop], dtype=np.int64).view(np.uint64)
+        if skipped is not None and any(skipped):
+            lens = np.where(skipped, 0, lens)
+            out = self._unique_token_rows(lens, c["request_id"][rows.start : rows.stop], vocab_size, salt)
+            return [None if k else row for row, k in zip(out, skipped)]
+        return self._unique_token_rows(lens, c["request_id"][rows.start : rows.stop], vocab_size, salt)
+
+    @staticmethod
+    def _unique_token_rows(lens: np.ndarray, request_ids: Any, vocab_size: int, salt: int) -> list[list[int]]:
+        """The synthetic unique-token prompts of `lens` tokens of the rows of `request_ids`."""
+        ids = np.asarray(request_ids, dtype=np.int64).view(np.uint64)
         base = splitmix64(ids ^ np.uint64(_domain_key(_UNIQUE_DOMAIN, salt)))
         per = 8 if vocab_size <= SMALL_TOKEN_VOCAB else 1  # tokens one hash gives (as _draw_rows)
         nwords = -(-lens // per)
