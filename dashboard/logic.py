@@ -573,10 +573,10 @@ LEAD_COLUMNS = (
     "$/h",
     "$/M output tokens",
     "SLO attainment",
+    "why",
+    "latency model",
     "offered (req/s)",
     "served (req/s)",
-    "latency model",
-    "why",
     "GPUs",
 )
 MEETS, KEEPS = "meets SLO", "keeps up"
@@ -1069,10 +1069,10 @@ CANDIDATE_LEAD = (
     "$/h",
     "$/M output tokens",
     "load",
+    "why",
+    "latency model",
     "offered (req/s)",
     "served (req/s)",
-    "latency model",
-    "why",
     "GPUs",
 )
 
@@ -1107,12 +1107,23 @@ def plan_candidates(result: Any, arrival_span_s: float = math.nan) -> pd.DataFra
                 "E2E p99 (ms)": row["e2e_p99_s"] * 1e3 if row.get("e2e_p99_s") is not None else None,
                 "latency model": plan.row_latency(row) if c.row else None,
                 "steps outside fit": row.get("steps_outside_fit_share"),
-                "why": c.reason,
+                "why": candidate_reason(c),
             }
         )
     table = pd.DataFrame(rows)
     lead = [c for c in CANDIDATE_LEAD if c in table]
     return table[lead + [c for c in table.columns if c not in lead]]
+
+
+def candidate_reason(c: Any) -> str:
+    """A plan Candidate's reason in the pages' words: missed objectives as `describe_miss` says them
+    (in ms), `TP 2` and `the GPU budget of 8` for the search's parameter names."""
+    reason = c.reason
+    if c.failed:
+        reason = reason.replace(
+            plan.describe_violations(c.failed), "; ".join(describe_miss(v) for v in c.failed)
+        )
+    return reason.replace("max_gpus=", "the GPU budget of ").replace("tp=", "TP ")
 
 
 def plan_pick(result: Any, arrival_span_s: float) -> tuple[Any, str | None]:

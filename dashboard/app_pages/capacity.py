@@ -278,6 +278,7 @@ st.dataframe(
     cands.style.format({k: v for k, v in CANDIDATE_FORMATS.items() if k in cands}, na_rep="–"),
     hide_index=True,
     key="cap_candidates",
+    column_config={"why": st.column_config.TextColumn(width="large")},
 )
 state.glossary()
 

@@ -243,7 +243,14 @@ if mixed:
         "one latency model, or configurations with a shipped profile each (blocks 16 and 256 on the H200), "
         "to compare like with like."
     )
-st.dataframe(styled(table, best), key="wi_table")
+st.dataframe(
+    styled(table, best),
+    key="wi_table",
+    column_config={
+        "why": st.column_config.TextColumn(width="large"),
+        "status": st.column_config.TextColumn(width="medium"),
+    },
+)
 state.glossary()
 
 colors = figures.color_map([s.label for s in specs])  # by form column: a label keeps its colour

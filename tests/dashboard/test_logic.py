@@ -708,3 +708,14 @@ def test_capacity_answer_is_kvplan_capacitys_search():
     answer = logic.capacity_answer(trace, MODEL, logic.LATENCY_ROOFLINE, config, objectives, tolerance=0.2)
     assert answer.max_rate is not None and answer.max_rate > len(trace) / trace.duration_s
     assert answer.row["ttft_p99_s"] <= 1.0
+
+
+def test_candidate_reason_in_the_pages_words():
+    from simulator.plan import Candidate, Objective, Option, Violation, describe_violations
+
+    failed = [Violation(Objective("ttft", "p99", 2.0), 2.3)]
+    c = Candidate(Option("H100-SXM", 2, 16, 256, 16384), "infeasible", 4, {}, failed)
+    c.reason = "fails with 4 replicas, the most max_gpus=8 allows: " + describe_violations(failed)
+    assert logic.candidate_reason(c) == (
+        "fails with 4 replicas, the most the GPU budget of 8 allows: p99 TTFT 2,300 ms > 2,000 ms"
+    )

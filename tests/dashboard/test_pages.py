@@ -189,6 +189,8 @@ def test_capacity_plan():
     button(at, "Plan").click().run()
     no_exceptions(at)
     assert any("No configuration meets" in t for t in texts(at.warning))
+    reasons = frame(at, "why")["why"]
+    assert any("p99 TTFT" in r for r in reasons) and not any("_p99" in r or "max_gpus" in r for r in reasons)
 
 
 def test_capacity_plan_compares_like_with_like_unless_mixed():
