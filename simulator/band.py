@@ -12,8 +12,11 @@ knee a metric need not move monotonically with the step times. No CLI or formatt
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +131,8 @@ class BandedResult:
 
     result: Any  # SimResult of the point run
     errors: BandErrors | None
-    low: Any = None  # SimResult with every step x (1 - e)
-    high: Any = None  # SimResult with every step x (1 + e)
+    low: Any = None  # the run with every step x (1 - e) (its summary: `SideRun`)
+    high: Any = None  # the run with every step x (1 + e)
     note: str = ""  # why there is no band
 
     @property
@@ -170,29 +173,74 @@ def run_with_band(
 
     if latency is None:
         latency = load_latency(config, profile)
-    point = run_simulation(trace, config, profile=profile, latency=latency, slo=slo, progress=progress)
     errors = band_errors(latency, profile)
-    if not band:
-        out = BandedResult(point, errors, note="not run (--no-band)")
+    if not band or errors is None:
+        point = run_simulation(trace, config, profile=profile, latency=latency, slo=slo, progress=progress)
+        note = "not run (--no-band)" if not band else f"none: {no_band_reason(latency)}"
+        out = BandedResult(point, errors if not band else None, note=note)
         point.summary.update(out.band_entry())
         return out
-    if errors is None:
-        out = BandedResult(point, None, note=f"none: {no_band_reason(latency)}")
-        point.summary.update(out.band_entry())
-        return out
-    sides = [
-        run_simulation(
-            trace,
-            config,
-            profile=profile,
-            latency=scaled_model(latency, errors, side),
-            slo=slo,
-            progress=progress,
-        )
+    side_runs = [
+        partial(_side_summary, trace, config, profile, scaled_model(latency, errors, side), slo)
         for side in SIDES
     ]
+    forked = _start_forked(side_runs)  # beside the point run where the machine can fork
+    point = run_simulation(trace, config, profile=profile, latency=latency, slo=slo, progress=progress)
+    sides = _join_forked(forked) if forked is not None else [SideRun(run()) for run in side_runs]
     out = BandedResult(point, errors, sides[0], sides[1])
     point.summary.update(out.band_entry())
+    return out
+
+
+@dataclass(frozen=True)
+class SideRun:
+    """What a band needs of a run at one side: its summary."""
+
+    summary: dict
+
+
+def _side_summary(trace, config, profile, latency, slo) -> dict:
+    from simulator.run import run_simulation
+
+    return run_simulation(trace, config, profile=profile, latency=latency, slo=slo).summary
+
+
+def _start_forked(runs: list) -> list | None:
+    """Start each of `runs` (no-argument callables returning a summary) in a forked process with a
+    pipe for its result; None where fork is not available or there is one core (run them inline)."""
+    if "fork" not in multiprocessing.get_all_start_methods() or (os.cpu_count() or 1) < 2:
+        return None
+    ctx = multiprocessing.get_context("fork")
+    started = []
+    for run in runs:
+        receive, send = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=_send_result, args=(run, send), daemon=True)
+        process.start()
+        send.close()
+        started.append((process, receive))
+    return started
+
+
+def _send_result(run, send) -> None:
+    try:
+        send.send(("ok", run()))
+    except BaseException as e:  # the parent raises it, naming what failed
+        send.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        send.close()
+
+
+def _join_forked(started: list) -> list[SideRun]:
+    out = []
+    for process, receive in started:
+        try:
+            status, value = receive.recv()
+        except EOFError:
+            status, value = "error", f"the process exited with code {process.exitcode}"
+        process.join()
+        if status != "ok":
+            raise RuntimeError(f"a band run failed: {value}")
+        out.append(SideRun(value))
     return out
 
 

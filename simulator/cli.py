@@ -442,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the confidence band: by default the run is repeated with every step time scaled by "
         "(1 - e) and (1 + e), e the fitted profile's held-back p90 relative error (decode and "
         "prefill fits apart), and each figure is printed with its [low, high]; the two extra runs "
-        "take about twice the time of the first. The roofline has no band (its error is not measured)",
+        "cost twice the CPU of the first (they run in processes beside it where the machine has two "
+        "cores or more). The roofline has no band (its error is not measured)",
     )
     add_sim_arguments(sim)
     sim.add_argument(

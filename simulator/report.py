@@ -77,7 +77,8 @@ def _band_line(s: dict) -> str | None:
     return (
         f"band: [low, high] of each figure over this run and two with every step time x (1 -/+ e), "
         f"e = decode {e['decode']:.1%}, prefill/mixed {e['prefill']:.1%} ({e['source']}); "
-        f"the two took {band.get('sim_wall_s', 0.0):.2f} s more"
+        f"the two ran {band.get('sim_wall_s', 0.0):.2f} s of simulation (in processes beside this one where "
+        "the machine has two cores or more)"
     )
 
 

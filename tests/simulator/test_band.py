@@ -4,6 +4,7 @@ range holds its point value."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,34 @@ def test_a_model_without_numpy_passes_is_scaled_exactly():
     step = model.predict(StepShape.decode(4, 1000, 300))
     assert step.total == step.linear == _PlainModel().decode_step_time(4, 1000, 300) * 1.07
     assert model.overlapped_model() is model
+
+
+def test_band_runs_in_forked_processes_give_the_inline_summaries(prefix_trace, small_config, monkeypatch):
+    """The two side runs go to forked processes beside the point run where the machine has two
+    cores; on one core they run inline: the same summaries either way (wall times aside)."""
+    import simulator.band as band
+
+    cfg = small_config(num_kv_blocks=600)
+    forked = run_with_band(prefix_trace, cfg, profile=SYNC)
+    monkeypatch.setattr(band.os, "cpu_count", lambda: 1)
+    assert band._start_forked([lambda: {}]) is None
+    inline = run_with_band(prefix_trace, cfg, profile=SYNC)
+
+    def steady(summary):
+        return {k: v for k, v in summary.items() if k not in ("sim_wall_s", "sim_speedup", "band")}
+
+    for a, b in ((forked.low, inline.low), (forked.high, inline.high)):
+        assert steady(a.summary) == steady(b.summary)
+    assert forked.result.summary["band"]["ranges"] == inline.result.summary["band"]["ranges"]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="band runs fork only with two cores or more")
+def test_a_failed_band_run_is_an_error_naming_it():
+    import simulator.band as band
+
+    def boom():
+        raise ValueError("no such profile")
+
+    started = band._start_forked([boom])
+    with pytest.raises(RuntimeError, match="a band run failed: ValueError: no such profile"):
+        band._join_forked(started)
