@@ -577,17 +577,16 @@ class SweepPlan:
 
 def plan_sweep(llm, model=None, seed: int = 0, serving: bool = True, gpu: str | None = None) -> SweepPlan:
     """The sweep of `llm` (its limits: `SweepLimits.of_llm`), planned and priced (`plan_limits`;
-    `model` None: the shipped profile of its model on `gpu`, default the one here)."""
+    `model` None: the shipped profile of its model on `gpu`, default the one here, else the roofline
+    model of that GPU)."""
     limits = SweepLimits.of_llm(llm)
     if model is None:
-        tp = llm.parallel_config.tensor_parallel_size
-        model = estimator_profile(
-            llm.spec.name, gpu or _gpu_name(), limits.block_size, tp, limits.async_scheduling
-        )
-        if model is None:
-            raise ValueError(
-                f"no shipped profile of {llm.spec.name} to estimate the sweep's device time with; pass one"
-            )
+        gpu, tp = gpu or _gpu_name(), llm.parallel_config.tensor_parallel_size
+        model = estimator_profile(llm.spec.name, gpu, limits.block_size, tp, limits.async_scheduling)
+        if model is None:  # a model or GPU without a shipped profile: the analytic model's estimate
+            from simulator.latency.roofline import RooflineModel
+
+            model = RooflineModel(llm.spec, gpu, tp)
     return plan_limits(limits, llm.spec, model, seed, serving)
 
 
@@ -601,8 +600,10 @@ def plan_limits(limits: SweepLimits, spec, model, seed: int = 0, serving: bool =
     if not hasattr(model, "decode_step_time"):
         source = Path(model).name
         model = LatencyProfile.load(model).to_latency_model()
+    elif getattr(model, "profile", None) is not None:
+        source = model.profile.describe()
     else:
-        source = model.profile.describe() if getattr(model, "profile", None) is not None else repr(model)
+        source = f"the roofline model ({model.gpu.name})" if hasattr(model, "gpu") else type(model).__name__
     return SweepPlan(limits, work, steps, estimate_seconds(steps, model, serving), source, seed)
 
 

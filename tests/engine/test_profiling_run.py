@@ -88,3 +88,12 @@ def test_run_profile_refuses_a_sweep_over_its_budget(eos_checkpoint):
         ):
             run_profile(llm, progress=False, serving=True, estimator=model, time_budget_s=5)
         assert len(llm.recorder.to_dataframe()) == 0  # nothing ran
+
+
+def test_a_model_without_a_shipped_profile_is_priced_on_the_roofline(eos_checkpoint):
+    with LLM(eos_checkpoint, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=128, max_model_len=256,
+             device="cpu") as llm:  # fmt: skip
+        plan = plan_sweep(llm, gpu="H200", serving=False)
+    assert plan.source == "the roofline model (H200-SXM)"
+    assert len(plan.steps) == 329 and plan.estimate["serving"] == 0.0
+    assert plan.estimate["total"] == pytest.approx(0.666033009373, rel=1e-9)
