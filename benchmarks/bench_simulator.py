@@ -74,8 +74,8 @@ def run_child(case: Case) -> dict:
     """Simulate `case` in this process; the loop's figures as a dict."""
     sys.path.insert(0, str(ROOT))
     import traces
-    from simulator.cli import default_profile
     from simulator.config import SimConfig
+    from simulator.defaults import default_profile
     from simulator.models import resolve_model
     from simulator.report import format_summary
     from simulator.run import run_simulation

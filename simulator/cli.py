@@ -14,9 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-DEFAULT_TRACE = "azure_conv_2023"
-DEFAULT_MODEL = "qwen3-0.6b"
-DEFAULT_GPU = "H200"
+from simulator.defaults import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, default_profile
 
 # Packages whose `cli.register(subparsers)` adds commands; a missing one (not built, or an extra
 # not installed) simply adds none.
@@ -69,25 +67,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
             return text
         return super()._get_help_string(action)
-
-
-def default_profile(
-    model: str, gpu: str, block_size: int, tp: int, async_scheduling: bool = False
-) -> Path | None:
-    """The shipped fitted profile for this model, GPU (any of its names), block size and TP, if any.
-    With `async_scheduling`, the one calibrated on an engine scheduling asynchronously (`..._async`)
-    where there is one, else the synchronous engine's."""
-    from simulator.latency.gpus import canonical_gpu_name, get_gpu
-    from simulator.run import SHIPPED_PROFILE_DIR
-
-    suffixes = ("_async", "") if async_scheduling else ("",)
-    for suffix in suffixes:
-        for name in dict.fromkeys([gpu, canonical_gpu_name(gpu), *get_gpu(gpu).aliases]):
-            stem = f"{model.lower()}_{name.lower()}_tp{tp}_bs{block_size}{suffix}"
-            path = SHIPPED_PROFILE_DIR / f"{stem}.json"
-            if path.is_file():
-                return path
-    return None
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:

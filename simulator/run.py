@@ -18,13 +18,13 @@ import pandas as pd
 
 from engine.sequence import REQUEST_FIELDS
 from simulator.config import SimConfig, kv_blocks_per_replica
+from simulator.defaults import SHIPPED_PROFILE_DIR as SHIPPED_PROFILE_DIR  # read here by the dashboard
 from simulator.latency.base import LatencyModel
 from simulator.latency.gpus import get_gpu
 from simulator.latency.profile import load_latency_model
 from simulator.metrics import SLO, add_latencies, summarize
 from simulator.sim import TIMELINE_FIELDS, SimRun, simulate
 
-SHIPPED_PROFILE_DIR = Path(__file__).parent / "profiles"
 # A simulation allocates millions of short-lived objects (events, token lists) next to a large,
 # long-lived trace: at Python's default threshold (700) the collector runs thousands of times and
 # each full pass walks the trace. Measured on azure_conv_2023: a third of the CPU time at block 256.

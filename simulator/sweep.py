@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from simulator import share
-from simulator.cli import default_profile
 from simulator.config import ROUTERS, SimConfig
+from simulator.defaults import default_profile
 from simulator.latency.base import LatencyModel
 from simulator.latency.gpus import get_gpu
 from simulator.metrics import SLO

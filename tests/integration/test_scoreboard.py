@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from simulator.cli import main
-from simulator.run import SHIPPED_PROFILE_DIR
+from simulator.defaults import SHIPPED_PROFILE_DIR
 from simulator.scoreboard import SCORED, format_scoreboard, load_suite, run_suite
 from simulator.validate import TARGETS, validate_run
 

@@ -225,7 +225,7 @@ def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
     gives that profile's coefficients and host floors back (--no-floors: the same coefficients, no
     floors); a malformed --split-kv names the flag."""
     from simulator.cli import main
-    from simulator.run import SHIPPED_PROFILE_DIR
+    from simulator.defaults import SHIPPED_PROFILE_DIR
 
     shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"
     records = SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs256.parquet"
@@ -263,9 +263,9 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     """The shipped `_async` profile (records of an engine scheduling asynchronously, with `overlapped`
     steps) refits from its records (to 1e-9: `_same_fit`), sync terms included, and loads into a model whose
     overlapped view drops them; `default_profile` picks it for async scheduling where it exists."""
-    from simulator.cli import default_profile, main
+    from simulator.cli import main
+    from simulator.defaults import SHIPPED_PROFILE_DIR, default_profile
     from simulator.latency.fitted import ASYNC_DECODE_FEATURES
-    from simulator.run import SHIPPED_PROFILE_DIR
 
     shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
     records = SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs16_async.parquet"
@@ -295,9 +295,9 @@ def test_the_block_256_and_8b_async_profiles_refit_and_are_picked(tmp_path, stem
     """Block 256 and Qwen3-8B, calibrated with async scheduling on 2026-11-30: each refits from its
     shipped records (to 1e-9: `_same_fit`), sync terms included, and is the one `default_profile` picks for
     async scheduling."""
-    from simulator.cli import default_profile, main
+    from simulator.cli import main
+    from simulator.defaults import SHIPPED_PROFILE_DIR, default_profile
     from simulator.latency.fitted import ASYNC_DECODE_FEATURES
-    from simulator.run import SHIPPED_PROFILE_DIR
 
     shipped = SHIPPED_PROFILE_DIR / f"{stem}_async.json"
     records = SHIPPED_PROFILE_DIR / "records" / f"steps_{stem}_async.parquet"
@@ -320,8 +320,8 @@ def test_kvplan_fit_can_infer_overlapped_steps_of_older_async_records(tmp_path, 
     import pandas as pd
 
     from simulator.cli import main
+    from simulator.defaults import SHIPPED_PROFILE_DIR
     from simulator.latency.fitted import infer_overlapped
-    from simulator.run import SHIPPED_PROFILE_DIR
 
     shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
     records = pd.read_parquet(

@@ -11,9 +11,10 @@ import pytest
 
 import traces
 from simulator.config import SimConfig
+from simulator.defaults import SHIPPED_PROFILE_DIR
 from simulator.latency.profile import LatencyProfile
 from simulator.latency.ranges import FitRanges, KindRange, limit_ranges, profile_fit_ranges
-from simulator.run import SHIPPED_PROFILE_DIR, collect, run_simulation
+from simulator.run import collect, run_simulation
 from simulator.sim import simulate
 
 PROFILE = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16.json"

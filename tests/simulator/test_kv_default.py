@@ -10,9 +10,10 @@ import pytest
 import traces
 from engine.config import default_num_kv_blocks, kv_cache_bytes
 from simulator.config import SimConfig, kv_blocks_per_replica
+from simulator.defaults import SHIPPED_PROFILE_DIR
 from simulator.latency.gpus import get_gpu, load_gpu_specs
 from simulator.models import resolve_model
-from simulator.run import SHIPPED_PROFILE_DIR, run_simulation
+from simulator.run import run_simulation
 
 # (gpu, model) -> blocks per GPU at (block 16 tp 1, block 16 tp 2, block 256 tp 1), engine defaults:
 # gpu_memory_utilization 0.9, max_num_batched_tokens 16384, max_num_seqs 256.
