@@ -592,6 +592,17 @@ def slo_objectives(slo: SLO | None) -> tuple[plan.Objective, ...]:
     return tuple(plan.Objective(m, "p99", float(v)) for m, v in limits if v)
 
 
+def plain_number(value: float, digits: int = 4) -> str:
+    """`value` to `digits` significant digits without scientific notation: 1,148, 9.914, 0.0002940."""
+    v = float(value)
+    if not math.isfinite(v):
+        return "–"
+    if v == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
+    return f"{v:,.{decimals}f}"
+
+
 def format_ms(seconds: float) -> str:
     """A latency in ms: `1,234 ms`, `80.5 ms`, `0.52 ms`."""
     ms = float(seconds) * 1e3

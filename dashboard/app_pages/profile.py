@@ -21,7 +21,7 @@ ROOFLINE = "roofline (no profile)…"
 FIT = "fit on the uploaded step records"
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 CONTEXTS = [512, 2048, 8192]
-TARGETS = {"wall_time_s": "wall time per step", "gpu_time_s": "GPU time per step"}
+TARGETS = {"wall_time_s": "wall time", "gpu_time_s": "GPU time"}
 PREFILL_TOKENS = [16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
@@ -102,12 +102,18 @@ if profile is not None:
     m = st.columns(4)
     m[0].metric("Fitted on", f"{profile.num_records:,} steps")
     m[1].metric("Fitted to", TARGETS.get(profile.target, profile.target or "not recorded"))
-    m[2].metric("Attention backend", profile.attention_backend or "not recorded")
+    m[2].metric(
+        "Held-back steps",
+        f"{profile.decode.error.n_test + profile.prefill.error.n_test:,}"
+        if profile.decode.error and profile.prefill.error
+        else "not recorded",
+    )
     graph = profile.max_graph_batch_size
     m[3].metric("Largest decode graph", f"{graph:,} sequences" if graph else "not recorded")
     cache = profile.calibration_num_kv_blocks
     st.caption(
-        f"engine {profile.engine_version or '?'}, created {profile.created or '?'}; "
+        f"engine {profile.engine_version or 'not recorded'}, attention backend "
+        f"{profile.attention_backend or 'not recorded'}, created {profile.created or 'not recorded'}; "
         + (f"calibrated on a cache of {cache:,} KV blocks" if cache else "calibration cache not recorded")
         + " (a condition of the calibration: simulations size their cache from the GPU's memory)"
     )
@@ -115,7 +121,10 @@ fits = profile if profile is not None else (model if hasattr(model, "decode") el
 if fits is not None:
     c1, c2 = st.columns(2)
     c1.dataframe(
-        logic.profile_coefficients(fits).style.format({"coefficient": "{:.4g}"}),
+        logic.profile_coefficients(fits)
+        .assign(coefficient=lambda f: f["coefficient"] * 1e6)
+        .rename(columns={"coefficient": "µs per unit"})
+        .style.format({"µs per unit": logic.plain_number}),
         hide_index=True,
         key="prof_coef",
     )

@@ -17,6 +17,8 @@ from simulator import validate
 from simulator.run import SHIPPED_PROFILE_DIR
 
 ROOT_ENV = "KVPLAN_VALIDATION_DIR"
+NO_PROFILE = "roofline / none"  # the latency profile choice that is no profile
+NO_REPEAT = "none"  # the repeat choice that is no repeat
 KIND_NAMES = {
     logic.REPLAY: "replay folder (re-simulated here)",
     logic.REPORT: "kvplan validate report",
@@ -77,28 +79,34 @@ profiles = [str(p) for p in logic.profile_files(SHIPPED_PROFILE_DIR, *(p for p, 
 if st.session_state.get("val_profile_run") != folder:  # a new run: its own engine's shipped profile
     st.session_state["val_profile_run"] = folder
     match = logic.matching_profile(folder, kind)
-    st.session_state["val_profile"] = str(match) if match is not None and str(match) in profiles else None
-profile = c2.selectbox(
+    st.session_state["val_profile"] = (
+        str(match) if match is not None and str(match) in profiles else NO_PROFILE
+    )
+if st.session_state.get("val_profile") not in (NO_PROFILE, *profiles):
+    st.session_state["val_profile"] = NO_PROFILE
+choice = c2.selectbox(
     "Latency profile (re-simulation and step residuals)",
-    [None, *profiles],
-    format_func=lambda p: "roofline / none" if p is None else Path(p).name,
+    [NO_PROFILE, *profiles],
+    format_func=lambda p: p if p == NO_PROFILE else Path(p).name,
     key="val_profile",
     help="Chosen for a replay whose engine a shipped profile describes (model, GPU, TP, block size, "
     "decode kernel, async scheduling); otherwise the roofline.",
 )
+profile = None if choice == NO_PROFILE else choice
 repeats = [str(p) for p in logic.repeat_candidates(folder, runs)] if kind == logic.REPLAY else []
-if st.session_state.get("val_repeat") not in (None, *repeats):
-    st.session_state["val_repeat"] = None  # a repeat of the run shown before
+if st.session_state.get("val_repeat") not in (NO_REPEAT, *repeats):
+    st.session_state["val_repeat"] = NO_REPEAT  # a repeat of the run shown before
 repeat = None
 if repeats:
-    repeat = st.selectbox(
+    picked = st.selectbox(
         "Repeat run (real against real)",
-        [None, *repeats],
-        format_func=lambda p: "none" if p is None else labels[p],
+        [NO_REPEAT, *repeats],
+        format_func=lambda p: p if p == NO_REPEAT else labels[p],
         key="val_repeat",
         help="Another replay of the same trace and configuration: its metrics and its difference from "
         "this run join the table, the real system's own run-to-run spread beside the simulator's error.",
     )
+    repeat = None if picked == NO_REPEAT else picked
 view = None
 if repeat is not None:
     try:
@@ -125,7 +133,7 @@ if len(ok):
 st.subheader("Per-metric error")
 shown = logic.validation_table(table)
 st.dataframe(
-    shown.style.format({k: v for k, v in logic.VALIDATION_FORMATS.items() if k in shown}, na_rep=""),
+    shown.style.format({k: v for k, v in logic.VALIDATION_FORMATS.items() if k in shown}, na_rep="–"),
     hide_index=True,
     key="val_table",
 )

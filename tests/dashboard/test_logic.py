@@ -719,3 +719,13 @@ def test_candidate_reason_in_the_pages_words():
     assert logic.candidate_reason(c) == (
         "fails with 4 replicas, the most the GPU budget of 8 allows: p99 TTFT 2,300 ms > 2,000 ms"
     )
+
+
+def test_plain_number_has_no_scientific_notation():
+    assert [logic.plain_number(v) for v in (1148.0, 9.914, 0.000294, 12345678.0, 0)] == [
+        "1,148",
+        "9.914",
+        "0.0002940",
+        "12,345,678",
+        "0",
+    ]

@@ -326,7 +326,8 @@ def test_validation_runs(validation_root, monkeypatch):
     assert frame(at, "error")["error"].abs().max() > 0.01
     assert "val_residuals" in charts(at)
     # With the fitted profile beside the pair run, the re-simulation matches the "real" run closely.
-    profile = next(o for o in at.selectbox(key="val_profile").options if o and o.endswith("profile.json"))
+    assert at.selectbox(key="val_profile").value == "roofline / none"  # an option, not a placeholder
+    profile = next(o for o in at.selectbox(key="val_profile").options if o.endswith("profile.json"))
     at.selectbox(key="val_profile").set_value(profile).run()
     no_exceptions(at)
     assert frame(at, "error").set_index("metric").loc["E2E p50 (ms)", "error"] == pytest.approx(0, abs=0.05)
@@ -345,7 +346,7 @@ def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
         "h200_qwen3-0.6b_bs16_async_x8": str(SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"),
         "h200_qwen3-0.6b_bs256_light": str(SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"),
         "h200_qwen3-8b_bs16_async_x3": str(SHIPPED_PROFILE_DIR / "qwen3-8b_h200_tp1_bs16_async.json"),
-        "h200_qwen3-0.6b_bs16_fa4decode_light": None,
+        "h200_qwen3-0.6b_bs16_fa4decode_light": "roofline / none",
     }
     for run, profile in expected.items():
         at.selectbox(key="val_run").set_value(str(runs / run)).run()
@@ -408,7 +409,7 @@ def test_profile_roofline_then_step_records():
     at.file_uploader(key="prof_records").set_value(("steps.csv", data, "text/csv")).run()
     no_exceptions(at)
     assert at.selectbox(key="prof_source").value == "fit on the uploaded step records"
-    coef = frame(at, "coefficient")
+    coef = frame(at, "µs per unit")
     assert set(coef["fit"]) == {"decode", "prefill"}
     res = frame(at, "median |rel. error|")
     assert (res["median |rel. error|"] < 0.2).all()
@@ -417,6 +418,18 @@ def test_profile_roofline_then_step_records():
     at.selectbox(key="prof_source").set_value("roofline (no profile)…").run()
     no_exceptions(at)
     assert "prof_residuals" in charts(at)
+
+
+def test_profile_tiles_and_coefficients_read_plainly():
+    import pyarrow as pa
+
+    at = app_on("profile")
+    no_exceptions(at)
+    values = [m.value for m in at.metric]
+    assert "wall time" in values and not any(v in ("None", "?") or "_" in v for v in values)
+    (table,) = [el for el in at.dataframe if "µs per unit" in el.value.columns]
+    shown = pa.ipc.open_stream(table.proto.arrow_data.styler.display_values).read_all().to_pandas()
+    assert shown["µs per unit"].iloc[0] == "1,148" and not shown["µs per unit"].str.contains("e-").any()
 
 
 def test_profile_bad_uploads_are_errors():
