@@ -22,7 +22,7 @@ control plane alone (no torch): the step shapes the sweep will run, for the devi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ DECODE_STEPS = 40
 SHORT_KV_TOKENS = 131072  # the `short` phase's box: the cache the shipped profiles were measured in
 CORPUS_SHARE = 0.8  # of the KV cache: the `long` phase's documents together
 FULL_SHARE = 0.97  # of the KV cache: the `full` workload's prompts and decode room together
-LONG_CONTEXTS = (8192, 16384, 24576, 32768)  # uniform long-context decode batches (<= the longest document)
+LONG_CONTEXTS = (8192, 16384, 24576)  # uniform long-context decode batches (where the documents are as long)
 LONG_BATCHES = (1, 4, 16, 64)
 MIXED_LONG_SHARES = (16, 4, 2)  # mixed_long: decode batches of 1/16, 1/4 and 1/2 of the documents
 PHASES = ("short", "long", "mixed_long", "full", "serving")
@@ -175,7 +175,7 @@ def long_workloads(limits: SweepLimits) -> list[Workload]:
         for w in out:
             twins.append(w)
             if w.kind == "decode":
-                twins.append(Workload(**{**w.__dict__, "sync": True}))
+                twins.append(replace(w, sync=True))
         out = twins
     return out
 
