@@ -85,6 +85,11 @@ def main() -> None:
         default=None,
         help="profile JSON that prices the sweep's steps (default: the shipped one of the preset, GPU, block size)",
     )
+    p.add_argument(
+        "--no-serving-replays",
+        action="store_true",
+        help="the sweep without its two synthetic-traffic replays (28 s of real time)",
+    )
     p.add_argument("--trace", default="azure_conv_2023")
     p.add_argument("--replays", default=DEFAULT_REPLAYS, help="name=START:END@SCALE,... ('' for none)")
     p.add_argument("--replay-block-sizes", default="16", help="block sizes that also run the replays")
@@ -190,10 +195,16 @@ def calibrate(
     blocks = llm.cache_config.num_blocks
     rows.append((f"bs{block_size}: engine ready (load + warm-up)", f"{time.perf_counter() - t0:.1f} s"))
     t1 = time.perf_counter()
-    plan = plan_sweep(llm, args.estimate_profile, gpu=gpu)
+    serving = not args.no_serving_replays
+    plan = plan_sweep(llm, args.estimate_profile, serving=serving, gpu=gpu)
     rows.append((f"bs{block_size}: sweep estimate", f"{plan.estimate['total']:.0f} s on {plan.source}"))
     records = run_profile(
-        llm, time_budget_s=args.profile_budget, progress=False, plan=plan, budget_flag="--profile-budget"
+        llm,
+        time_budget_s=args.profile_budget,
+        progress=False,
+        serving=serving,
+        plan=plan,
+        budget_flag="--profile-budget",
     )
     tag = f"{args.preset}_{gpu.lower()}_tp1_bs{block_size}"
     records.to_parquet(out / f"steps_{tag}.parquet", index=False)
