@@ -505,7 +505,7 @@ def estimator_profile(model: str, gpu: str, block_size: int, tp: int = 1, async_
     """The shipped profile that prices a sweep of `model` on `gpu`: the one of its TP and block size
     (the `_async` one under async scheduling, where it ships), else the same at another shipped block
     size; None when none ships."""
-    from simulator.cli import default_profile
+    from simulator.defaults import default_profile
 
     for size in dict.fromkeys((block_size, 16, 256)):
         try:
