@@ -592,6 +592,39 @@ def slo_objectives(slo: SLO | None) -> tuple[plan.Objective, ...]:
     return tuple(plan.Objective(m, "p99", float(v)) for m, v in limits if v)
 
 
+MISSING = "–"  # what a table shows for a value it does not have
+
+
+def with_missing_shown(
+    frame: pd.DataFrame, formats: Mapping[str, Any]
+) -> tuple[pd.DataFrame, dict[str, str]]:
+    """`frame` for st.dataframe, which draws a missing value as `None` whatever a Styler says: each
+    column with a missing value becomes text (its `formats` entry applied, MISSING where missing);
+    returns the frame and the formats left for the columns still numeric."""
+    out = frame.copy()
+    left: dict[str, Any] = {}
+    for column in out.columns:
+        fmt = formats.get(column)
+        missing = out[column].isna()
+        if missing.any():
+            out[column] = [MISSING if m else _formatted(fmt, v) for v, m in zip(out[column], missing)]
+        elif fmt:
+            left[column] = fmt
+    return out, left
+
+
+def _formatted(fmt: Any, value: Any) -> str:
+    if fmt is None:
+        return str(value)
+    return fmt(value) if callable(fmt) else fmt.format(value)
+
+
+def table_style(frame: pd.DataFrame, formats: Mapping[str, Any]) -> Any:
+    """`frame.style` with `formats`, missing values shown as MISSING (`with_missing_shown`)."""
+    shown, left = with_missing_shown(frame, {k: v for k, v in formats.items() if k in frame})
+    return shown.style.format(left)
+
+
 def plain_number(value: float, digits: int = 4) -> str:
     """`value` to `digits` significant digits without scientific notation: 1,148, 9.914, 0.0002940."""
     v = float(value)
@@ -1365,7 +1398,7 @@ def validation_table(table: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"metric": [n for n, _ in labels], "real": table["real"].to_numpy(float) * scale})
     out["simulated"] = table["sim"].to_numpy(float) * scale
     out["error"] = table["rel_error"].to_numpy(float)
-    out["target"] = table["target"].to_numpy(float)
+    out["target"] = table["target"].to_numpy(float)  # NaN: no target
     out["within target"] = table["ok"].map({True: "yes", False: "no"}).fillna("").to_numpy()
     if "repeat" in table:
         out["repeat"] = table["repeat"].to_numpy(float) * scale

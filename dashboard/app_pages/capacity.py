@@ -275,7 +275,7 @@ elif result.best is None:
 cands = logic.plan_candidates(result, outcome.duration_s)
 st.subheader("Candidates")
 st.dataframe(
-    cands.style.format({k: v for k, v in CANDIDATE_FORMATS.items() if k in cands}, na_rep="–"),
+    logic.table_style(cands, CANDIDATE_FORMATS),
     hide_index=True,
     key="cap_candidates",
     column_config={"why": st.column_config.TextColumn(width="large")},
@@ -330,8 +330,6 @@ if not points.empty:
         figures.pareto_figure(points, column, metric, rec), key="cap_pareto", config=figures.CHART_CONFIG
     )
     with st.expander(f"All {len(points)} simulated points"):
-        st.dataframe(
-            logic.points_table(points).style.format(logic.POINT_FORMATS, na_rep="–"), hide_index=True
-        )
+        st.dataframe(logic.table_style(logic.points_table(points), logic.POINT_FORMATS), hide_index=True)
 else:
     st.warning("No configuration could be simulated: see the candidates' reasons above.")

@@ -133,7 +133,7 @@ if len(ok):
 st.subheader("Per-metric error")
 shown = logic.validation_table(table)
 st.dataframe(
-    shown.style.format({k: v for k, v in logic.VALIDATION_FORMATS.items() if k in shown}, na_rep="–"),
+    logic.table_style(shown, logic.VALIDATION_FORMATS),
     hide_index=True,
     key="val_table",
 )

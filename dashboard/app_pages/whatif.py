@@ -92,9 +92,7 @@ def styled(table: pd.DataFrame, best: str | None) -> Styler:
         style = "background-color: rgba(46, 160, 67, 0.25); font-weight: bold" if row.name == best else ""
         return [style] * len(row)
 
-    return table.style.apply(highlight, axis=1).format(
-        {k: v for k, v in FORMATS.items() if k in table}, na_rep="–"
-    )
+    return logic.table_style(table, FORMATS).apply(highlight, axis=1)
 
 
 st.title("What-if: compare configurations")
@@ -387,8 +385,8 @@ else:
         config=figures.CHART_CONFIG,
     )
     st.dataframe(
-        pd.DataFrame(rows).style.format(
-            {"knee (req/s)": "{:,.1f}", "kvplan capacity (req/s)": "{:,.1f}"}, na_rep="–"
+        logic.table_style(
+            pd.DataFrame(rows), {"knee (req/s)": "{:,.1f}", "kvplan capacity (req/s)": "{:,.1f}"}
         ),
         hide_index=True,
         key="wi_load_table",

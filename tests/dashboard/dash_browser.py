@@ -347,7 +347,7 @@ class Browser:
 # Page url path ("" = the default page) -> text that shows once the page has rendered its results.
 PAGES = {
     "": "Arrival rate",
-    "whatif": "Best by",
+    "whatif": "Best configuration by",  # shown once the comparison has run, best or not
     "capacity": "Capacity plan",
     "validation": "Per-metric error",
     "profile": "Decode step time",

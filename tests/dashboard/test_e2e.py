@@ -30,9 +30,9 @@ def test_every_page_renders_in_chromium(tmp_path):
             assert state.charts > 0 or page == "capacity", f"{page} shows no chart"
             seconds[page] = state.seconds
         # A real interaction: a new rate scale re-simulates and re-renders the comparison.
-        browser.load(f"{url}/whatif", "Best by", timeout=180)
+        browser.load(f"{url}/whatif", PAGES["whatif"], timeout=180)
         browser.set_input("Rate scale (x faster)", "2")
-        state = browser.wait("Best by", timeout=180)
+        state = browser.wait(PAGES["whatif"], timeout=180)
         _check("whatif after an edit", state)
         assert "at 2x" in state.text
     print("seconds to render:", {k: round(v, 1) for k, v in seconds.items()}, file=sys.stderr)

@@ -729,3 +729,10 @@ def test_plain_number_has_no_scientific_notation():
         "12,345,678",
         "0",
     ]
+
+
+def test_tables_show_a_dash_not_none_for_missing_values():
+    frame = pd.DataFrame({"a": [1.5, np.nan], "b": [1.0, 2.0], "c": ["x", None]})
+    shown, left = logic.with_missing_shown(frame, {"a": "{:.2f}", "b": "{:.1f}"})
+    assert shown["a"].tolist() == ["1.50", "–"] and shown["c"].tolist() == ["x", "–"]
+    assert left == {"b": "{:.1f}"} and shown["b"].dtype == float

@@ -315,6 +315,8 @@ def test_validation_runs(validation_root, monkeypatch):
     at = app_on("validation")
     no_exceptions(at)
     assert frame(at, "error")["metric"].iloc[0] == "throughput (req/s)"
+    shown = frame(at, "error")
+    assert not shown.isna().any().any() and "–" in set(shown["target"])  # no None where there is no target
     first = charts(at)
     assert {"val_errors", "val_scatter", "val_residuals"} <= set(first)
     at.radio(key="val_metric").set_value("E2E").run()
