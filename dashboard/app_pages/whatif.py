@@ -96,47 +96,67 @@ def styled(table: pd.DataFrame, best: str | None) -> Styler:
 
 
 st.title("What-if: compare configurations")
-top = st.columns([2, 1, 1, 2])
-with top[0]:
-    trace_key, full_trace = state.trace_picker(
-        "Trace", "wi_trace", help="Pick, upload or generate on the Traffic page"
-    )
-models, gpus = preset_names(), logic.gpu_names()
-model_key = top[1].selectbox("Model", models, index=_index(models, "qwen3-8b"), key="wi_model")
-gpu = top[2].selectbox("GPU", gpus, index=_index(gpus, "H200-SXM"), key="wi_gpu")
-with top[3]:
-    latency_choice = state.latency_input("wi")
+n = st.number_input(
+    "Configurations",
+    1,
+    MAX_CONFIGS,
+    len(logic.DEFAULT_CONFIGS),
+    key="wi_n",
+    help="How many configurations to compare side by side",
+)
+with st.form("wi_configs", border=True):  # nothing is simulated until Compare is pressed
+    top = st.columns([2, 1, 1, 2])
+    with top[0]:
+        trace_key, full_trace = state.trace_picker(
+            "Trace", "wi_trace", help="Pick, upload or generate on the Traffic page"
+        )
+    models, gpus = preset_names(), logic.gpu_names()
+    model_key = top[1].selectbox("Model", models, index=_index(models, "qwen3-8b"), key="wi_model")
+    gpu = top[2].selectbox("GPU", gpus, index=_index(gpus, "H200-SXM"), key="wi_gpu")
+    with top[3]:
+        latency_choice = state.latency_input("wi")
 
-row = st.columns(4)
-window = row[0].number_input(
-    "Replay window (s, 0 = whole trace)",
-    0.0,
-    1e7,
-    state.default_window_s(),
-    step=60.0,
-    key="wi_window",
-    help="Only the trace's first seconds are simulated, to keep the page interactive.",
-)
-rate_scale = row[1].number_input(
-    "Rate scale (x faster)",
-    0.01,
-    1000.0,
-    4.0,
-    step=0.5,
-    key="wi_rate",
-    help="Replay the trace this many times faster.",
-)
-policy = row[2].selectbox("Scheduler policy", ["chunked", "prefill_first"], key="wi_policy")
-prefix_caching = row[3].toggle("Prefix caching", value=True, key="wi_prefix")
-async_scheduling = row[3].toggle(
-    "Async scheduling",
-    value=False,
-    key="wi_async",
-    help="The engine schedules each decode step while the one before it runs (kvplan replay "
-    "--async-scheduling): decode steps scheduled ahead skip the host's time, and a request that "
-    "arrives during a decode step waits one step more. Auto latency takes the profile calibrated with "
-    "async scheduling where one is shipped (Qwen3-0.6B, block 16).",
-)
+    row = st.columns(4)
+    window = row[0].number_input(
+        "Replay window (s, 0 = whole trace)",
+        0.0,
+        1e7,
+        state.default_window_s(),
+        step=60.0,
+        key="wi_window",
+        help="Only the trace's first seconds are simulated, to keep the page interactive.",
+    )
+    rate_scale = row[1].number_input(
+        "Rate scale (x faster)",
+        0.01,
+        1000.0,
+        4.0,
+        step=0.5,
+        key="wi_rate",
+        help="Replay the trace this many times faster.",
+    )
+    policy = row[2].selectbox("Scheduler policy", ["chunked", "prefill_first"], key="wi_policy")
+    prefix_caching = row[3].toggle("Prefix caching", value=True, key="wi_prefix")
+    async_scheduling = row[3].toggle(
+        "Async scheduling",
+        value=False,
+        key="wi_async",
+        help="The engine schedules each decode step while the one before it runs (kvplan replay "
+        "--async-scheduling): decode steps scheduled ahead skip the host's time, and a request that "
+        "arrives during a decode step waits one step more. Auto latency takes the profile calibrated with "
+        "async scheduling where one is shipped (Qwen3-0.6B, block 16).",
+    )
+    cols = st.columns(int(n))
+    specs = []
+    for i in range(int(n)):
+        default = (
+            logic.DEFAULT_CONFIGS[i]
+            if i < len(logic.DEFAULT_CONFIGS)
+            else logic.ConfigSpec(f"config {i + 1}")
+        )
+        specs.append(config_column(i, default, cols[i]))
+    st.form_submit_button("Compare", type="primary")
+specs = unique_labels(specs)
 trace = logic.prepare_trace(full_trace, window or None, rate_scale)
 if window and window < full_trace.duration_s:
     st.caption(
@@ -150,19 +170,6 @@ else:
         + (": expect tens of seconds per configuration." if len(trace) > 5000 else ".")
     )
 
-n = st.number_input("Configurations", 1, MAX_CONFIGS, len(logic.DEFAULT_CONFIGS), key="wi_n")
-with st.form("wi_configs", border=True):
-    cols = st.columns(int(n))
-    specs = []
-    for i in range(int(n)):
-        default = (
-            logic.DEFAULT_CONFIGS[i]
-            if i < len(logic.DEFAULT_CONFIGS)
-            else logic.ConfigSpec(f"config {i + 1}")
-        )
-        specs.append(config_column(i, default, cols[i]))
-    st.form_submit_button("Compare", type="primary")
-specs = unique_labels(specs)
 progress_area = st.empty()  # the top of the results: a progress bar while configurations simulate
 
 model = resolve_model(model_key)

@@ -32,6 +32,8 @@ def test_every_page_renders_in_chromium(tmp_path):
         # A real interaction: a new rate scale re-simulates and re-renders the comparison.
         browser.load(f"{url}/whatif", PAGES["whatif"], timeout=180)
         browser.set_input("Rate scale (x faster)", "2")
+        browser.wait(PAGES["whatif"], timeout=180)
+        browser.click("Compare")  # the form simulates on Compare (Enter may have pressed it already)
         state = browser.wait(PAGES["whatif"], timeout=180)
         _check("whatif after an edit", state)
         assert "at 2x" in state.text

@@ -122,7 +122,8 @@ def test_whatif_two_configs_other_model_and_trace():
     table = frame(at, "TTFT p99 (ms)")
     assert table["TP"].tolist() == [1, 8] and table["GPUs"].tolist() == [1, 8]
     at.selectbox(key="wi_trace").set_value("shipped:mooncake_synthetic")
-    at.number_input(key="wi_window").set_value(60.0).run()
+    at.number_input(key="wi_window").set_value(60.0)
+    button(at, "Compare").click().run()
     no_exceptions(at)
     assert (frame(at, "prefix hit rate")["prefix hit rate"] > 0).all()  # Mooncake shares prefixes
     assert any("mooncake_synthetic" in t for t in texts(at.caption))
@@ -152,7 +153,8 @@ def test_whatif_async_scheduling_takes_the_async_profile():
     at = app_on("whatif", wi_window=20.0, wi_n=1, wi_model="qwen3-0.6b")
     no_exceptions(at)
     before = frame(at, "TPOT p50 (ms)").iloc[0]["TPOT p50 (ms)"]
-    at.toggle(key="wi_async").set_value(True).run()
+    at.toggle(key="wi_async").set_value(True)
+    button(at, "Compare").click().run()
     no_exceptions(at)
     after = frame(at, "TPOT p50 (ms)").iloc[0]["TPOT p50 (ms)"]
     assert after < 0.9 * before, (before, after)
@@ -259,9 +261,22 @@ def test_capacity_plan_stays_until_the_next_click():
     assert any("Recommended" in t for t in texts(at.success))
 
 
+def test_whatif_simulates_only_on_compare():
+    """A new window or rate scale changes nothing until Compare is pressed (a whole trace can take
+    a minute per configuration)."""
+    at = app_on("whatif", wi_window=10.0, wi_n=1)
+    before = frame(at, "status")["served (req/s)"].iloc[0]
+    at.number_input(key="wi_rate").set_value(1.0).run()
+    no_exceptions(at)
+    assert frame(at, "status")["served (req/s)"].iloc[0] == before
+    at.number_input(key="wi_rate").set_value(1.0)  # (a run without the submit reset the form's value)
+    button(at, "Compare").click().run()
+    assert frame(at, "status")["served (req/s)"].iloc[0] < before / 2
+
+
 def test_whatif_keeps_its_settings_across_pages():
     at = app_on("whatif", wi_window=20.0, wi_n=2)
-    at.number_input(key="wi_rate").set_value(2.0).run()
+    at.number_input(key="wi_rate").set_value(2.0)
     at.number_input(key="wi_seqs_1").set_value(32)
     button(at, "Compare").click().run()
     no_exceptions(at)
