@@ -21,7 +21,7 @@ import streamlit as st
 
 import traces
 from dashboard import logic
-from simulator.cli import DEFAULT_TRACE
+from simulator.defaults import DEFAULT_TRACE
 from simulator.metrics import SLO
 from simulator.run import SimResult
 from traces import Trace
@@ -207,7 +207,7 @@ def run_jobs(
 
 def latency_input(prefix: str) -> str:
     """Latency model choice: auto (shipped fitted profile where one matches), roofline, or a profile."""
-    from simulator.run import SHIPPED_PROFILE_DIR
+    from simulator.defaults import SHIPPED_PROFILE_DIR
 
     options = [
         logic.LATENCY_AUTO,

@@ -18,7 +18,6 @@ import pandas as pd
 
 from engine.sequence import REQUEST_FIELDS
 from simulator.config import SimConfig, kv_blocks_per_replica
-from simulator.defaults import SHIPPED_PROFILE_DIR as SHIPPED_PROFILE_DIR  # read here by the dashboard
 from simulator.latency.base import LatencyModel
 from simulator.latency.gpus import get_gpu
 from simulator.latency.profile import load_latency_model

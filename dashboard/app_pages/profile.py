@@ -12,9 +12,9 @@ import streamlit as st
 
 from dashboard import figures, logic
 from simulator import validate
+from simulator.defaults import SHIPPED_PROFILE_DIR
 from simulator.latency import FittedModel, LatencyProfile, RooflineModel, fit_step_records, get_gpu
 from simulator.models import preset_names, resolve_model
-from simulator.run import SHIPPED_PROFILE_DIR
 
 UPLOAD = "upload a profile JSON…"
 ROOFLINE = "roofline (no profile)…"

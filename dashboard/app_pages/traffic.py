@@ -9,7 +9,7 @@ import streamlit as st
 
 import traces
 from dashboard import figures, logic, state
-from simulator.cli import DEFAULT_TRACE
+from simulator.defaults import DEFAULT_TRACE
 from traces import Trace
 
 SOURCES = ("Shipped sample", "Upload a file", "Generate")

@@ -14,7 +14,7 @@ import streamlit as st
 import simulator
 from dashboard import figures, logic
 from simulator import validate
-from simulator.run import SHIPPED_PROFILE_DIR
+from simulator.defaults import SHIPPED_PROFILE_DIR
 
 ROOT_ENV = "KVPLAN_VALIDATION_DIR"
 NO_PROFILE = "roofline / none"  # the latency profile choice that is no profile

@@ -354,7 +354,7 @@ def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
     """On the shipped H200 replays, a run opens with the profile of the engine that served it: the
     `_async` one for an async-scheduling replay (x8 then meets all 7 targets), the synchronous one
     for the synchronous replays, and the roofline for a run whose run.json names no decode kernel."""
-    from simulator.run import SHIPPED_PROFILE_DIR
+    from simulator.defaults import SHIPPED_PROFILE_DIR
 
     runs = SHIPPED_PROFILE_DIR.parent / "data" / "validation"
     monkeypatch.setenv("KVPLAN_VALIDATION_DIR", str(runs))
@@ -475,7 +475,7 @@ def test_every_page_renders(page):
 def test_whatif_colours_follow_the_form_not_the_results():
     """Configuration C keeps the colour of its form column when B cannot run (a fitted profile of
     block 16 does not apply to B's block 256), as it does when every configuration runs."""
-    from simulator.run import SHIPPED_PROFILE_DIR
+    from simulator.defaults import SHIPPED_PROFILE_DIR
 
     profile = str(SHIPPED_PROFILE_DIR / "qwen3-8b_h200_tp1_bs16.json")
     at = app_on("whatif", wi_window=10.0, wi_latency=profile)
