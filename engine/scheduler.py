@@ -256,7 +256,7 @@ class Scheduler:
         now = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(seq_id, prompt_token_ids, sampling_params, now, eos_token_id)
         seq.stop_num_tokens = min(seq.stop_num_tokens, self.config.max_model_len)
-        reason = self._rejection_reason(seq)
+        reason = self.rejection_reason(seq.num_prompt_tokens)
         if reason:
             seq.status = SequenceStatus.REJECTED
             seq.finish_reason = reason
@@ -266,10 +266,11 @@ class Scheduler:
             self.waiting.append(seq)
         return seq
 
-    def _rejection_reason(self, seq: Sequence) -> str | None:
-        """A finish reason from a fixed vocabulary (the prompt's length, the limit and the cache's
-        size are in the request's row and the configuration)."""
-        n, bm = seq.num_prompt_tokens, self.block_manager
+    def rejection_reason(self, n: int) -> str | None:
+        """Why a prompt of `n` tokens can never run here, as a finish reason from a fixed vocabulary
+        (the prompt's length, the limit and the cache's size are in the request's row and the
+        configuration), or None. Reads no token: a simulator asks it before building a prompt."""
+        bm = self.block_manager
         if n > self.config.max_model_len:
             return "rejected_prompt_too_long"  # longer than max_model_len
         if cdiv(n, bm.block_size) > bm.num_blocks:

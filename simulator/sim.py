@@ -595,20 +595,11 @@ def simulate(
     return SimRun(config, replicas, num_kv_blocks, time.perf_counter() - t0, getattr(trace, "name", ""))
 
 
-class _PromptLength:
-    """A request's prompt length alone, as `Scheduler._rejection_reason` reads a Sequence."""
-
-    __slots__ = ("num_prompt_tokens",)
-
-    def __init__(self, num_prompt_tokens: int) -> None:
-        self.num_prompt_tokens = num_prompt_tokens
-
-
 def _rejects(scheduler):
     """Whether `scheduler` (every replica's is configured alike) rejects a prompt of n tokens: its
-    own rule, asked of the length alone."""
-    rule = scheduler._rejection_reason
-    return lambda n: rule(_PromptLength(n)) is not None
+    own rule (`Scheduler.rejection_reason`)."""
+    rule = scheduler.rejection_reason
+    return lambda n: rule(n) is not None
 
 
 def trace_prompts(trace, vocab_size: int) -> list[list[int]]:
