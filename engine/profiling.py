@@ -31,6 +31,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from engine.config import cdiv
+from engine.scheduler import STEP_RECORD_COLUMNS
 from engine.sequence import SamplingParams
 
 DECODE_STEPS = 40
@@ -360,22 +361,9 @@ def _run(engine, w: Workload, rng: np.random.Generator, vocab: int, corpus: Corp
         engine.step()
 
 
-PLAN_COLUMNS = (
-    "phase",
-    "workload",
-    "kind",
-    "num_seqs",
-    "num_prefill_seqs",
-    "num_decode_seqs",
-    "total_num_scheduled_tokens",
-    "num_prefill_tokens",
-    "total_num_cached_tokens",
-    "num_context_tokens",
-    "max_seq_len",
-    "prefill_attn_work",
-    "num_kv_blocks_used",
-    "overlapped",
-)
+# a planned step: its phase and workload, the batch totals of its step record, and whether it runs ahead
+_SHAPE = slice(STEP_RECORD_COLUMNS.index("kind"), STEP_RECORD_COLUMNS.index("num_kv_blocks_used") + 1)
+PLAN_COLUMNS = ("phase", "workload", *STEP_RECORD_COLUMNS[_SHAPE], "overlapped")
 
 
 class PlanEngine:
