@@ -33,6 +33,8 @@ class FastForwardScheduler(Scheduler):
         # Every running request is a plain decode (see `_decode_run_limit`): set by any run, cleared
         # by `schedule` and `postprocess` as above.
         self._plain_decodes = False
+        # the last run's (num_seqs, num_context_tokens, max_seq_len) at its first step, and its steps
+        self.last_run: tuple[int, int, int, int] | None = None
 
     def schedule(self) -> ScheduledBatch:
         self._decode_steps_left = None
@@ -103,10 +105,12 @@ class FastForwardScheduler(Scheduler):
         if k_max <= 0:
             return 0, start, []
         computed = list(map(_get_num_computed_tokens, running))
-        times = decode_times(len(running), sum(computed), max(computed) + 1, k_max, start, deadline)
+        shape = (len(running), sum(computed), max(computed) + 1)
+        times = decode_times(*shape, k_max, start, deadline)
         k, near = self._cap_run(len(times) - 1, computed, token_id)
         if k <= 0:
             return 0, start, []
+        self.last_run = (*shape, k)
         end = float(times[k])
         done = self._advance_run(times[: k + 1], end, token_id, check_stop=k == k_max)
         self._take_and_register_run_blocks(k, computed, near)
@@ -132,9 +136,11 @@ class FastForwardScheduler(Scheduler):
         if not self._finished_outside_step and self.waiting_blocked():
             k_max = self._run_limit_after_step(batch, max_steps, computed)
         if k_max > 0:
-            times = decode_times(len(computed), sum(computed), max(computed) + 1, k_max, now, deadline)
+            shape = (len(computed), sum(computed), max(computed) + 1)
+            times = decode_times(*shape, k_max, now, deadline)
             k, near = self._cap_run(len(times) - 1, computed, token_id)
             if k > 0:
+                self.last_run = (*shape, k)
                 left = k_max - k if k_max < max_steps else None
                 return self._run_after_step(times[: k + 1], k == k_max, computed, near, token_id, left)
         finished = self.postprocess(batch, [token_id] * batch.num_seqs)

@@ -320,6 +320,7 @@ class Replica:
         last = now  # SimPy's time before the last wait owed
         pending = None  # (steps, end, finished) of a run that a step's postprocess ran: the next segment
         pending_overlapped = False  # async: that run's steps were scheduled ahead
+        count_run = getattr(self.latency, "count_run", None)
         ahead = False  # async: the next step is scheduled while the one before runs, if it chains
         while pending is not None or sched.has_unfinished():
             if self.own_stale and route_ahead is not None:
@@ -340,6 +341,8 @@ class Replica:
                 if k and async_:
                     self._deferred_start, self._deferred_seqs = decode_times.times[k - 1], run_seqs
             if k:
+                if count_run is not None:  # steps priced outside the profile's fit (the run's shape)
+                    count_run(*sched.last_run)
                 if run_overlapped:
                     counters.num_overlapped_steps += k
                 counters.num_fast_forwards += 1

@@ -160,26 +160,9 @@ class OutsideCount:
         return self.decode + self.prefill
 
 
-class _RunTimes(list):
-    """The end times of a decode run as the wrapped model returned them; the scheduler takes the
-    first k steps of a run as `times[: k + 1]`, and that slice counts the run's steps outside."""
-
-    __slots__ = ("_count", "_ranges", "_shape", "_taken")
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice) and index.start is None and index.step is None and index.stop:
-            taken = min(index.stop, len(self)) - 1
-            if taken > self._taken:
-                n, ctx, length = self._shape
-                before = self._ranges.decode_run_outside(n, ctx, length, self._taken)
-                self._count.decode += self._ranges.decode_run_outside(n, ctx, length, taken) - before
-                self._taken = taken
-        return list.__getitem__(self, index)
-
-
 class CountingModel:
     """`model`'s step times, unchanged, counting the steps priced outside `ranges` in `count`: the
-    steps `predict` prices and the steps the scheduler takes from `decode_step_times` runs."""
+    steps `predict` prices and the steps of the fast-forwarded runs the simulator reports (`count_run`)."""
 
     def __init__(self, model: LatencyModelBase, ranges: FitRanges, count: OutsideCount | None = None) -> None:
         self.model = model
@@ -213,11 +196,11 @@ class CountingModel:
         start: float,
         deadline: float,
     ) -> list[float]:
-        times = _RunTimes(
-            self.model.decode_step_times(
-                num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
-            )
+        return self.model.decode_step_times(
+            num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
         )
-        times._count, times._ranges = self.count, self.ranges
-        times._shape, times._taken = (num_seqs, num_context_tokens, max_seq_len), 0
-        return times
+
+    def count_run(self, num_seqs: int, num_context_tokens: int, max_seq_len: int, steps: int) -> None:
+        """Count the steps outside among a fast-forwarded decode run's `steps` (its shape at its first
+        step: `FastForwardScheduler.last_run`); the simulator calls it after each run."""
+        self.count.decode += self.ranges.decode_run_outside(num_seqs, num_context_tokens, max_seq_len, steps)
