@@ -219,6 +219,7 @@ def summarize(
         "num_rejected_prompt_too_long": int((df["finish_reason"] == "rejected_prompt_too_long").sum()),
         "num_rejected_kv_capacity": int((df["finish_reason"] == "rejected_kv_capacity").sum()),
         "duration_s": duration,
+        "arrival_span_s": float(df["arrival_s"].max()) - start if len(df) else 0.0,
         "throughput_rps": len(done) / duration,
         "output_tok_s": out_tokens / duration,
         "total_tok_s": (out_tokens + int(done["prompt_len"].sum())) / duration,

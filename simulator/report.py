@@ -82,6 +82,18 @@ def _band_line(s: dict) -> str | None:
     )
 
 
+def _load_line(s: dict) -> list[str]:
+    """Offered against served request rate and the verdict (`simulator.load`), where it applies."""
+    from simulator.load import NO_LOAD, load_verdict
+
+    load = load_verdict(s, float(s.get("arrival_span_s", 0.0)))
+    if load.verdict == NO_LOAD:
+        return []
+    return [
+        f"load             offered {load.offered_rps:,.2f} req/s, served {load.served_rps:,.2f} req/s ({load.verdict})"
+    ]
+
+
 def _range(s: dict, key: str, fmt) -> str:
     """' [low, high]' of a summary entry's band, '' without one."""
     band = s.get("band")
@@ -124,6 +136,7 @@ def format_summary(s: dict) -> str:
         "",
         f"throughput       {s['throughput_rps']:,.2f} req/s{rps}, {s['output_tok_s']:,.0f} output tok/s{tok}",
         f"finished         {format_counts(s)}",
+        *_load_line(s),
         f"preemptions      {s['num_preemptions']:,}{_range(s, 'num_preemptions', lambda v: f'{v:,.0f}')}",
         f"prefix hit rate  {s.get('prefix_hit_rate', 0.0):.1%}",
     ]

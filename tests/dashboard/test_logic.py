@@ -22,6 +22,7 @@ import traces
 from dashboard import figures, logic
 from simulator import validate
 from simulator.latency import LatencyProfile, RooflineModel
+from simulator.load import KEEPS_UP, NEAR_SATURATION, NO_LOAD, OVERLOADED, Load, load_verdict
 from simulator.metrics import SLO
 from simulator.models import resolve_model
 
@@ -449,15 +450,15 @@ def test_tail_note_says_which_request_a_p99_is():
 
 def test_load_verdict_offered_against_served():
     light = {"num_requests": 100, "num_finished": 100, "queue_mean_s": 0.0}
-    assert logic.load_verdict(light, 10.0) == logic.Load(10.0, 10.0, logic.KEEPS_UP)
+    assert load_verdict(light, 10.0) == Load(10.0, 10.0, KEEPS_UP)
     # A queue that grows: mean wait T/2 (lambda/mu - 1) = 5 s over T = 10 s -> mu = lambda / 2.
     behind = {**light, "queue_mean_s": 5.0}
-    load = logic.load_verdict(behind, 10.0)
-    assert load.served_rps == pytest.approx(5.0) and load.verdict == logic.OVERLOADED
-    assert logic.load_verdict({**light, "queue_mean_s": 0.5}, 10.0).verdict == logic.NEAR_SATURATION
-    rejected = logic.load_verdict({**light, "num_finished": 50}, 10.0)
+    load = load_verdict(behind, 10.0)
+    assert load.served_rps == pytest.approx(5.0) and load.verdict == OVERLOADED
+    assert load_verdict({**light, "queue_mean_s": 0.5}, 10.0).verdict == NEAR_SATURATION
+    rejected = load_verdict({**light, "num_finished": 50}, 10.0)
     assert rejected.served_rps == pytest.approx(5.0)
-    assert logic.load_verdict({"num_requests": 1}, 10.0).verdict == logic.NO_LOAD
+    assert load_verdict({"num_requests": 1}, 10.0).verdict == NO_LOAD
 
 
 def test_result_load_of_simulations_that_keep_up_and_fall_behind():
@@ -467,8 +468,8 @@ def test_result_load_of_simulations_that_keep_up_and_fall_behind():
         logic.SimJob(logic.ConfigSpec("x", max_num_seqs=seqs).to_sim_config(model, GPU)) for seqs in (256, 8)
     ]
     fast, slow = (logic.result_load(r) for r in logic.run_jobs(trace, jobs))
-    assert fast.verdict == logic.KEEPS_UP and fast.offered_rps == pytest.approx(slow.offered_rps)
-    assert slow.verdict == logic.OVERLOADED and slow.served_rps < 0.5 * slow.offered_rps
+    assert fast.verdict == KEEPS_UP and fast.offered_rps == pytest.approx(slow.offered_rps)
+    assert slow.verdict == OVERLOADED and slow.served_rps < 0.5 * slow.offered_rps
 
 
 def test_best_config_only_among_those_that_meet_the_slo_and_keep_up():
@@ -499,7 +500,7 @@ def test_summary_table_leads_with_status_cost_and_why(two_results):
 
 def test_config_status_names_the_missed_objective_in_ms():
     summary = {"num_requests": 10, "num_finished": 10, "ttft_p99_s": 3.21, "queue_mean_s": 0.0}
-    load = logic.load_verdict(summary, 5.0)
+    load = load_verdict(summary, 5.0)
     status, why = logic.config_status(summary, load, logic.slo_objectives(SLO(ttft_s=2.0)))
     assert status == "misses SLO, keeps up" and why == "p99 TTFT 3,210 ms > 2,000 ms"
     assert logic.config_status(summary, load, ()) == ("keeps up", "")
