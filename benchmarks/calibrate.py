@@ -36,8 +36,8 @@ from engine.profiling import (
     run_profile,
 )
 from engine.replay import gpu_name, replay_trace, write_replay
-from simulator.cli import load_trace_arg
 from simulator.latency.profile import fit_profile
+from traces.cli import load_trace_arg
 
 # name=START:END@RATE_SCALE: light = native rate, heavy = near saturation with preemptions
 DEFAULT_REPLAYS = "light=600:660@1,heavy=600:840@8"

@@ -30,7 +30,7 @@ from engine.llm import LLM
 from engine.profiling import DECODE_STEPS, fill_shortest, spread_lengths
 from engine.replay import replay_trace
 from engine.sequence import SamplingParams
-from simulator.cli import load_trace_arg
+from traces.cli import load_trace_arg
 
 NUM_BLOCKS, BLOCK_SIZE = 8192, 16
 VOCAB = 100_000

@@ -29,7 +29,7 @@ from engine.checkpoint import make_random_checkpoint
 from engine.llm import LLM
 from engine.replay import replay_trace
 from engine.sequence import SamplingParams
-from simulator.cli import load_trace_arg
+from traces.cli import load_trace_arg
 
 ONE = SamplingParams(temperature=0, ignore_eos=True, max_tokens=1)
 

@@ -168,7 +168,7 @@ def profile_report(profile) -> str:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from engine.replay import replay_trace, write_replay
-    from simulator.cli import check_out_dir, load_trace_arg
+    from traces.cli import check_out_dir, load_trace_arg
 
     check_out_dir(args.out)
     trace = load_trace_arg(args.trace, args.rate_scale, args.limit, args.window)

@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from simulator.cli import add_sim_arguments, load_trace_arg, sim_config_from_args
+from simulator.cli import add_sim_arguments, sim_config_from_args
 from simulator.defaults import DEFAULT_MODEL, DEFAULT_TRACE
 from simulator.metrics import SLO_HELP
+from traces.cli import load_trace_arg
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,49 @@ from .generators import ARRIVALS, generate, parse_length_spec
 from .loaders import FORMATS, TIME_UNITS, load, load_shipped, save, shipped_names
 from .schema import TraceError
 from .stats import trace_stats
+
+
+# ---- shared by every kvplan command that reads a trace or writes a folder --------------------------
+def load_trace_arg(
+    spec: str, rate_scale: float | None = None, limit: int | None = None, window: str | None = None
+):
+    """A shipped trace name or a trace file; optionally a START:END window (seconds, rebased to 0),
+    its first `limit` rows, and replayed `rate_scale` times faster."""
+    import traces
+
+    trace = traces.load_shipped(spec) if spec in traces.shipped_names() else traces.load(spec)
+    if window:
+        try:
+            start, end = (float(x) if x else None for x in window.split(":"))
+        except ValueError:
+            raise ValueError(f"--window: {window!r} is not START:END in seconds (e.g. 600:900)") from None
+        if not all(x is None or (math.isfinite(x) and x >= 0) for x in (start, end)) or (
+            start is not None and end is not None and end <= start
+        ):
+            raise ValueError(f"--window: {window!r}: START and END must be seconds >= 0 with START < END")
+        whole = trace
+        trace = traces.time_window(trace, start or 0.0, end)
+        if len(trace) == 0:
+            raise ValueError(
+                f"--window: {window} holds no requests; {whole.name} has {len(whole):,} requests arriving from "
+                f"{whole.df['arrival_s'].iat[0]:,.1f} s to {whole.df['arrival_s'].iat[-1]:,.1f} s"
+            )
+    if limit is not None:
+        if limit <= 0:
+            raise ValueError(f"--limit: must be a positive number of requests, got {limit}")
+        trace = trace.with_frame(trace.df.iloc[:limit].reset_index(drop=True))
+    if rate_scale is not None:
+        if not (math.isfinite(rate_scale) and rate_scale > 0):
+            raise ValueError(f"--rate-scale: must be a positive number, got {rate_scale}")
+        trace = traces.scale_rate(trace, factor=rate_scale)
+    return trace
+
+
+def check_out_dir(out: str | None, flag: str = "--out") -> None:
+    """Before a run: an output folder that exists as something else than a folder is an error now,
+    not after the work."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"{flag}: {out} exists and is not a folder")
 
 
 def _friendly(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
