@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from engine.checkpoint import make_random_checkpoint
-from engine.cli import PRESET_ARCH, _split_kv, _version, profile_report
+from engine.cli import PRESET_ARCH, _split_kv, _version
 from engine.llm import LLM
 from engine.profiling import (
     SweepLimits,
@@ -36,7 +36,7 @@ from engine.profiling import (
     run_profile,
 )
 from engine.replay import gpu_name, replay_trace, write_replay
-from simulator.latency.profile import fit_profile
+from simulator.latency.profile import fit_profile, profile_report
 from traces.cli import load_trace_arg
 
 # name=START:END@RATE_SCALE: light = native rate, heavy = near saturation with preemptions

@@ -103,7 +103,7 @@ def _open_llm(args: argparse.Namespace, workdir: str):
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from engine.profiling import run_profile
-    from simulator.latency.profile import fit_profile
+    from simulator.latency.profile import fit_profile, profile_report
 
     detected_gpu(args)  # fail before the work, not after it
 
@@ -146,24 +146,6 @@ def _split_kv(llm):
 
     fields = llm.decode_split_kv()
     return SplitKV(**fields) if fields else None
-
-
-def profile_report(profile) -> str:
-    lines = [f"profile {profile.describe()}: {profile.num_records} steps fitted on {profile.target}"]
-    for kind in ("decode", "prefill"):
-        err = getattr(profile, kind).error
-        if err is not None:
-            lines.append(
-                f"  {kind:<8} held-back error: median {err.median_rel_error:.1%}, p90 {err.p90_rel_error:.1%} "
-                f"({err.n_test} held back of {err.n_train + err.n_test})"
-            )
-    floors = getattr(profile, "floors", None)
-    if floors is not None:
-        lines.append(
-            f"  host floors: decode {floors.decode * 1e3:.2f} ms, prefill {floors.prefill * 1e3:.2f} ms, "
-            f"mixed {floors.mixed * 1e3:.2f} ms"
-        )
-    return "\n".join(lines)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -282,9 +282,8 @@ def replay_containment(run_dir: str | Path, profile: str | Path | None = "auto")
     """For a real replay folder (`kvplan replay`): its configuration simulated with the band (the
     shipped profile of its engine with 'auto'), and per CONTAINMENT_KEYS figure the real value, the
     point, the band and whether the real value lies inside it."""
-    from simulator.cli import validate_profile
     from simulator.metrics import summarize
-    from simulator.validate import read_run, sim_config_for
+    from simulator.validate import read_run, sim_config_for, validate_profile
 
     meta, trace, real, _ = read_run(run_dir)
     path = validate_profile("auto", run_dir) if profile == "auto" else profile

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import math
 import re
 import sys
@@ -148,29 +147,14 @@ def _sim_config(SimConfig, model, args: argparse.Namespace):
 
 
 def resolve_profile(args: argparse.Namespace) -> Path | None:
+    from simulator.latency.profile import check_profile_file
+
     if args.profile == "roofline":
         return None
     if args.profile == "auto":
         async_scheduling = getattr(args, "async_scheduling", False)
         return default_profile(args.model, args.gpu, args.block_size, args.tp, async_scheduling)
     return check_profile_file(args.profile)
-
-
-def check_profile_file(name: str | Path, flag: str = "--profile") -> Path:
-    """`name` as a profile path, or ValueError naming `flag` when it is no file of a JSON object."""
-    path = Path(name)
-    if not path.is_file():
-        choices = " (give a profile JSON, 'auto' or 'roofline')" if flag == "--profile" else ""
-        raise ValueError(f"{flag}: {path} does not exist{choices}")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{flag}: {path} is not a latency profile: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(
-            f"{flag}: {path} is not a latency profile: a JSON {type(raw).__name__}, not an object"
-        )
-    return path
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -215,30 +199,8 @@ def format_slo(slo, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def validate_profile(name: str | None, run_dir: str | Path) -> Path | None:
-    """A validate --profile: a file, 'roofline' (also the default) or 'auto' (the shipped profile
-    of the replay's model, GPU, TP, block size and scheduling)."""
-    if name in (None, "roofline"):
-        return None
-    if name == "auto":
-        from simulator.validate import read_run, sim_config_for
-
-        config = sim_config_for(read_run(run_dir)[0])
-        path = default_profile(
-            config.model.name,
-            config.gpu,
-            config.block_size,
-            config.tensor_parallel_size,
-            config.async_scheduling,
-        )
-        if path is None:
-            raise ValueError(f"--profile auto: no shipped profile for the configuration of {run_dir}")
-        return path
-    return check_profile_file(name)
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
-    from simulator.validate import format_table, validate_run, write_report
+    from simulator.validate import format_table, validate_profile, validate_run, write_report
 
     check_out_dir(args.out)
     if args.suite:
@@ -255,6 +217,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def validate_suite(args: argparse.Namespace) -> int:
     """The fidelity scoreboard of a suite (simulator/scoreboard.py); its tables as CSV with --out."""
     from simulator.scoreboard import format_scoreboard, load_suite, run_suite
+    from simulator.validate import validate_profile
 
     if args.repeat is not None or len(args.profile) > 1:
         print("kvplan validate: --suite takes at most one --profile and no --repeat", file=sys.stderr)
@@ -277,7 +240,7 @@ def validate_suite(args: argparse.Namespace) -> int:
 
 def validate_many(args: argparse.Namespace) -> int:
     """Several runs and/or profiles: the targets each pair meets, as a table (and CSV with --out)."""
-    from simulator.validate import format_matrix, validation_matrix
+    from simulator.validate import format_matrix, validate_profile, validation_matrix
 
     if args.repeat is not None:
         print("kvplan validate: --repeat takes one --real run and one --profile", file=sys.stderr)
@@ -323,8 +286,7 @@ def parse_split_kv(text: str):
 def cmd_fit(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from engine.cli import profile_report
-    from simulator.latency.profile import LatencyProfile, fit_profile
+    from simulator.latency.profile import LatencyProfile, check_profile_file, fit_profile, profile_report
 
     records = pd.read_parquet(args.records)
     like = LatencyProfile.load(check_profile_file(args.like, "--like"))

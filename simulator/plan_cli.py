@@ -41,7 +41,7 @@ def _add_exec_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _profile_arg(value: str) -> str:
-    from simulator.cli import check_profile_file
+    from simulator.latency.profile import check_profile_file
 
     if value not in ("auto", "roofline"):
         check_profile_file(value)

@@ -19,8 +19,9 @@ import pandas as pd
 
 from engine.config import ModelSpec
 from simulator.config import SimConfig
+from simulator.defaults import default_profile
 from simulator.latency.base import StepShape
-from simulator.latency.profile import load_latency_model
+from simulator.latency.profile import check_profile_file, load_latency_model
 from simulator.metrics import add_latencies, summarize
 from simulator.run import SimResult, run_simulation
 
@@ -358,3 +359,23 @@ def format_matrix(matrix: pd.DataFrame) -> str:
         label = f"median error {metric}"
         lines.append(f"{label:<{first}}" + "".join(f"{medians[c]:>+{width}.1%}" for c in met.columns))
     return "\n".join(lines)
+
+
+def validate_profile(name: str | None, run_dir: str | Path) -> Path | None:
+    """A validate --profile: a file, 'roofline' (also the default) or 'auto' (the shipped profile
+    of the replay's model, GPU, TP, block size and scheduling)."""
+    if name in (None, "roofline"):
+        return None
+    if name == "auto":
+        config = sim_config_for(read_run(run_dir)[0])
+        path = default_profile(
+            config.model.name,
+            config.gpu,
+            config.block_size,
+            config.tensor_parallel_size,
+            config.async_scheduling,
+        )
+        if path is None:
+            raise ValueError(f"--profile auto: no shipped profile for the configuration of {run_dir}")
+        return path
+    return check_profile_file(name)

@@ -387,3 +387,39 @@ def _floors_from_dict(value: Any, where: str) -> StepFloors:
         return StepFloors(**value)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def check_profile_file(name: str | Path, flag: str = "--profile") -> Path:
+    """`name` as a profile path, or ValueError naming `flag` when it is no file of a JSON object."""
+    path = Path(name)
+    if not path.is_file():
+        choices = " (give a profile JSON, 'auto' or 'roofline')" if flag == "--profile" else ""
+        raise ValueError(f"{flag}: {path} does not exist{choices}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{flag}: {path} is not a latency profile: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"{flag}: {path} is not a latency profile: a JSON {type(raw).__name__}, not an object"
+        )
+    return path
+
+
+def profile_report(profile) -> str:
+    """A fitted profile in a few lines: what it was fitted on, each fit's held-back error, its floors."""
+    lines = [f"profile {profile.describe()}: {profile.num_records} steps fitted on {profile.target}"]
+    for kind in ("decode", "prefill"):
+        err = getattr(profile, kind).error
+        if err is not None:
+            lines.append(
+                f"  {kind:<8} held-back error: median {err.median_rel_error:.1%}, p90 {err.p90_rel_error:.1%} "
+                f"({err.n_test} held back of {err.n_train + err.n_test})"
+            )
+    floors = getattr(profile, "floors", None)
+    if floors is not None:
+        lines.append(
+            f"  host floors: decode {floors.decode * 1e3:.2f} ms, prefill {floors.prefill * 1e3:.2f} ms, "
+            f"mixed {floors.mixed * 1e3:.2f} ms"
+        )
+    return "\n".join(lines)
