@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
+import pandas as pd
 import simpy
 
 from engine.block_manager import BlockManager
 from engine.scheduler import can_run_ahead, follows, schedules_ahead
-from engine.sequence import SamplingParams, Sequence, SequenceStatus, request_record
+from engine.sequence import REQUEST_FIELDS, SamplingParams, Sequence, SequenceStatus, request_record
 from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_lead, make_router
 from simulator.config import SimConfig
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
@@ -43,9 +44,93 @@ from traces.schema import synthetic_vocab_size
 SIM_TOKEN_ID = 0
 _TOKEN_CHUNK = 256  # the token every simulated decode "samples"; prompts carry the trace's tokens
 
+# How RequestRecords stores each of REQUEST_FIELDS: "q" int64, "i" int32 (int64 in the table; a
+# larger value fails to append), "d" float64 (None as NaN), "O" a list of the values
+REQUEST_COLUMN_TYPES = {
+    "request_id": "q",
+    "replica": "i",
+    "arrival_s": "d",
+    "first_scheduled_s": "d",
+    "first_token_s": "d",
+    "finish_s": "d",
+    "prompt_len": "i",
+    "output_len": "i",
+    "num_output_tokens": "i",
+    "num_preemptions": "i",
+    "num_cached_tokens": "i",
+    "finish_reason": "O",
+}
 TIMELINE_FIELDS = ("time_s", "replica", "kv_usage", "num_running", "num_waiting")
 # A replica's timeline rows hold the KV blocks in use where TIMELINE_FIELDS has kv_usage: `collect`
 # divides by the block count of the configuration it reports (see `CapacityUse`).
+
+
+class RequestRecords:
+    """A replica's per-request rows (`request_record`, REQUEST_FIELDS), kept column by column in
+    typed arrays (REQUEST_COLUMN_TYPES): some 60 bytes a request, where a tuple of Python objects
+    costs some 350. Iterating gives the rows back as tuples (None where a time is missing);
+    `requests_frame` builds the table that `pd.DataFrame.from_records` of those rows gives."""
+
+    __slots__ = ("columns", "_numeric", "_objects")
+
+    def __init__(self) -> None:
+        kinds = [REQUEST_COLUMN_TYPES[name] for name in REQUEST_FIELDS]
+        self.columns = [[] if k == "O" else array(k) for k in kinds]
+        # (position in a row, column) of the typed fields, and of the others
+        self._numeric = [(i, c) for i, (k, c) in enumerate(zip(kinds, self.columns)) if k != "O"]
+        self._objects = [(i, c) for i, (k, c) in enumerate(zip(kinds, self.columns)) if k == "O"]
+
+    def append(self, row: tuple) -> None:
+        for i, column in self._numeric:
+            value = row[i]
+            column.append(math.nan if value is None else value)
+        for i, column in self._objects:
+            column.append(row[i])
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def __iter__(self):
+        columns = [[None if v != v else v for v in c] if _kind(c) == "d" else c for c in self.columns]
+        return zip(*columns)
+
+
+def _kind(column) -> str:
+    return column.typecode if isinstance(column, array) else "O"
+
+
+def requests_frame(parts: list[RequestRecords], order_by: str | None = None) -> pd.DataFrame:
+    """The REQUEST_FIELDS table of the rows of `parts`, one after the other (with `order_by`, sorted
+    by that column as `sort_values(kind="stable")` sorts, on a fresh index): the columns, dtypes and
+    values of `pd.DataFrame.from_records` over the rows (int64; float64 with NaN for None, object
+    where every value is None; the inferred string type), built from the typed columns."""
+    num_rows = sum(len(p) for p in parts)
+    if not num_rows:  # no rows: from_records' own (object) columns
+        return pd.DataFrame.from_records([], columns=list(REQUEST_FIELDS))
+
+    def column(j: int) -> np.ndarray:
+        kind = REQUEST_COLUMN_TYPES[REQUEST_FIELDS[j]]
+        if kind == "O":
+            return np.array([v for p in parts for v in p.columns[j]], dtype=object)
+        return np.concatenate([np.frombuffer(p.columns[j], dtype=kind) for p in parts if len(p)])
+
+    order = None
+    if order_by is not None:
+        order = np.argsort(column(REQUEST_FIELDS.index(order_by)), kind="stable")
+    data = {}
+    for j, name in enumerate(REQUEST_FIELDS):
+        values = column(j)
+        if order is not None:
+            values = values[order]
+        kind = REQUEST_COLUMN_TYPES[name]
+        if kind == "O":
+            values = pd.Series(values)  # the string type from_records infers
+        elif kind == "d" and np.isnan(values).all():
+            values = np.full(num_rows, None, dtype=object)  # all None: from_records keeps object
+        elif kind != "d":
+            values = values.astype(np.int64, copy=False)
+        data[name] = values
+    return pd.DataFrame(data)
 
 
 @dataclass
@@ -69,7 +154,7 @@ class RouteAhead:
     async scheduling (a request rejected at admission changes outstanding tokens mid-run), stop
     every replica's runs at every arrival. `of` says which applies."""
 
-    def __init__(self, router, replicas: list, arrivals: list[float], prompt_lens, output_lens) -> None:
+    def __init__(self, router, replicas: list, arrivals, prompt_lens, output_lens) -> None:
         self.replicas = replicas
         self.arrivals = arrivals
         self.round_robin = isinstance(router, RoundRobinRouter)
@@ -94,9 +179,7 @@ class RouteAhead:
                 replica.route_ahead = self
 
     @classmethod
-    def of(
-        cls, router, replicas: list, arrivals: list[float], prompt_lens, output_lens, async_scheduling: bool
-    ):
+    def of(cls, router, replicas: list, arrivals, prompt_lens, output_lens, async_scheduling: bool):
         """The plan for `router`, or None where every arrival stops every replica's runs."""
         if len(replicas) < 2:
             return None  # one replica: its next arrival is the next arrival
@@ -219,7 +302,7 @@ class Replica:
         self.route_ahead: RouteAhead | None = None  # least_outstanding: refreshes `own`
         self.own_stale = False  # least_outstanding: `own` is to be refreshed
         self.outstanding_tokens = 0  # prompt + requested output tokens of unfinished requests
-        self.records: list[tuple] = []
+        self.records = RequestRecords()
         self.timeline: list[tuple] = []
         self.counters = SimCounters()
         self.capacity = CapacityUse()
@@ -541,9 +624,10 @@ def simulate(
     t0 = time.perf_counter()
     env = simpy.Environment()
     df = trace.df
-    arrivals = df["arrival_s"].to_numpy(dtype=float).tolist()
-    output_lens = df["output_len"].to_numpy().tolist()
-    request_ids = df["request_id"].to_numpy().tolist()
+    # the trace's columns as typed arrays (8 bytes a row; indexing gives Python floats and ints)
+    arrivals = _column(df["arrival_s"], "d")
+    output_lens = _column(df["output_len"], "q")
+    request_ids = _column(df["request_id"], "q")
     if prompts is not None and len(prompts) != len(arrivals):
         raise ValueError(f"prompts: {len(prompts)} given for a trace of {len(arrivals)} requests")
     arrival = NextArrival(arrivals[0] if arrivals else math.inf)
@@ -596,6 +680,11 @@ def simulate(
     env.process(arrival_process())
     env.run()
     return SimRun(config, replicas, num_kv_blocks, time.perf_counter() - t0, getattr(trace, "name", ""))
+
+
+def _column(series: pd.Series, typecode: str) -> array:
+    """`series` as an array of `typecode` ("d": float64, "q": int64)."""
+    return array(typecode, np.ascontiguousarray(series.to_numpy(), dtype=typecode).tobytes())
 
 
 def _rejects(scheduler):
