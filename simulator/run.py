@@ -21,7 +21,7 @@ from simulator.latency.base import LatencyModel
 from simulator.latency.gpus import get_gpu
 from simulator.latency.profile import load_latency_model
 from simulator.metrics import SLO, add_latencies, summarize
-from simulator.sim import TIMELINE_FIELDS, SimRun, requests_frame, simulate
+from simulator.sim import SimRun, rows_frame, simulate
 
 # A simulation allocates millions of short-lived objects (events, token lists) next to a large,
 # long-lived trace: at Python's default threshold (700) the collector runs thousands of times and
@@ -72,12 +72,9 @@ def config_dict(config: SimConfig) -> dict:
 def collect(run: SimRun, slo: SLO | None = None) -> SimResult:
     """Turn a raw SimRun into per-request and timeline tables and the summary."""
     # sorted as it is built (no unsorted copy beside it): a million requests' table is 140 MB
-    requests = add_latencies(requests_frame([r.records for r in run.replicas], order_by="request_id"))
-    blocks = run.num_kv_blocks  # a timeline row holds the blocks in use: its kv_usage is this share
-    timeline = pd.DataFrame.from_records(
-        [(t, i, used / blocks, r, w) for replica in run.replicas for t, i, used, r, w in replica.timeline],
-        columns=list(TIMELINE_FIELDS),
-    )
+    requests = add_latencies(rows_frame([r.records for r in run.replicas], order_by="request_id"))
+    # a timeline row holds the blocks in use: its kv_usage is their share of num_kv_blocks
+    timeline = rows_frame([r.timeline for r in run.replicas], scale={"kv_usage": run.num_kv_blocks})
     for replica in run.replicas:
         replica.itl.fold(replica.scheduler)
     itl = run.replicas[0].itl.merged([r.itl for r in run.replicas[1:]]).arrays()

@@ -33,7 +33,7 @@ import simpy
 
 from engine.block_manager import BlockManager
 from engine.scheduler import can_run_ahead, follows, schedules_ahead
-from engine.sequence import REQUEST_FIELDS, SamplingParams, Sequence, SequenceStatus, request_record
+from engine.sequence import SamplingParams, Sequence, SequenceStatus, request_record
 from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_lead, make_router
 from simulator.config import SimConfig
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
@@ -44,8 +44,8 @@ from traces.schema import synthetic_vocab_size
 SIM_TOKEN_ID = 0
 _TOKEN_CHUNK = 256  # the token every simulated decode "samples"; prompts carry the trace's tokens
 
-# How RequestRecords stores each of REQUEST_FIELDS: "q" int64, "i" int32 (int64 in the table; a
-# larger value fails to append), "d" float64 (None as NaN), "O" a list of the values
+# How a replica stores each of REQUEST_FIELDS (`TypedRows`): "q" int64, "i" int32 (int64 in the
+# table; a larger value fails to append), "d" float64 (None as NaN), "O" a list of the values
 REQUEST_COLUMN_TYPES = {
     "request_id": "q",
     "replica": "i",
@@ -63,22 +63,30 @@ REQUEST_COLUMN_TYPES = {
 TIMELINE_FIELDS = ("time_s", "replica", "kv_usage", "num_running", "num_waiting")
 # A replica's timeline rows hold the KV blocks in use where TIMELINE_FIELDS has kv_usage: `collect`
 # divides by the block count of the configuration it reports (see `CapacityUse`).
+TIMELINE_COLUMN_TYPES = dict(zip(TIMELINE_FIELDS, ("d", "i", "q", "q", "q")))
 
 
-class RequestRecords:
-    """A replica's per-request rows (`request_record`, REQUEST_FIELDS), kept column by column in
-    typed arrays (REQUEST_COLUMN_TYPES): some 60 bytes a request, where a tuple of Python objects
-    costs some 350. Iterating gives the rows back as tuples (None where a time is missing);
-    `requests_frame` builds the table that `pd.DataFrame.from_records` of those rows gives."""
+class TypedRows:
+    """Rows of fixed fields kept column by column in typed arrays (`types`: field -> typecode, as
+    REQUEST_COLUMN_TYPES): a replica's per-request rows (`request_record`) cost some 60 bytes a
+    request so, where a tuple of Python objects costs some 350. Iterating gives the rows back as
+    tuples (None where a float is missing); `rows_frame` builds the table that
+    `pd.DataFrame.from_records` of those rows gives."""
 
-    __slots__ = ("columns", "_numeric", "_objects")
+    __slots__ = ("types", "columns", "_numeric", "_objects")
 
-    def __init__(self) -> None:
-        kinds = [REQUEST_COLUMN_TYPES[name] for name in REQUEST_FIELDS]
-        self.columns = [[] if k == "O" else array(k) for k in kinds]
+    def __init__(self, types: dict[str, str]) -> None:
+        self.types = types
+        self.columns = [[] if k == "O" else array(k) for k in types.values()]
+        kinds = list(types.values())
         # (position in a row, column) of the typed fields, and of the others
-        self._numeric = [(i, c) for i, (k, c) in enumerate(zip(kinds, self.columns)) if k != "O"]
-        self._objects = [(i, c) for i, (k, c) in enumerate(zip(kinds, self.columns)) if k == "O"]
+        self._numeric = [(i, c) for i, c in enumerate(self.columns) if kinds[i] != "O"]
+        self._objects = [(i, c) for i, c in enumerate(self.columns) if kinds[i] == "O"]
+
+    @classmethod
+    def requests(cls) -> TypedRows:
+        """Rows of REQUEST_FIELDS."""
+        return cls(REQUEST_COLUMN_TYPES)
 
     def append(self, row: tuple) -> None:
         for i, column in self._numeric:
@@ -91,42 +99,46 @@ class RequestRecords:
         return len(self.columns[0])
 
     def __iter__(self):
-        columns = [[None if v != v else v for v in c] if _kind(c) == "d" else c for c in self.columns]
-        return zip(*columns)
+        kinds = self.types.values()
+        return zip(
+            *([None if v != v else v for v in c] if k == "d" else c for k, c in zip(kinds, self.columns))
+        )
+
+    def column(self, name: str) -> np.ndarray:
+        """One field's values (of a typed column: a view, no copy)."""
+        kind, values = self.types[name], self.columns[list(self.types).index(name)]
+        return np.array(values, dtype=object) if kind == "O" else np.frombuffer(values, dtype=kind)
 
 
-def _kind(column) -> str:
-    return column.typecode if isinstance(column, array) else "O"
+def rows_frame(
+    parts: list[TypedRows], order_by: str | None = None, scale: dict | None = None
+) -> pd.DataFrame:
+    """The table of the rows of `parts` (of the same fields), one after the other; with `order_by`,
+    sorted by that column as `sort_values(kind="stable")` sorts, on a fresh index; `scale` (field ->
+    divisor) divides a column's values as `value / divisor` does. The columns, dtypes and values of
+    `pd.DataFrame.from_records` over the rows (int64; float64 with NaN for None, object where every
+    value is None; the inferred string type), built from the typed columns."""
+    types = parts[0].types
+    parts = [p for p in parts if len(p)]
+    if not parts:  # no rows: from_records' own (object) columns
+        return pd.DataFrame.from_records([], columns=list(types))
+    scale = scale or {}
 
+    def column(name: str) -> np.ndarray:
+        return np.concatenate([p.column(name) for p in parts])
 
-def requests_frame(parts: list[RequestRecords], order_by: str | None = None) -> pd.DataFrame:
-    """The REQUEST_FIELDS table of the rows of `parts`, one after the other (with `order_by`, sorted
-    by that column as `sort_values(kind="stable")` sorts, on a fresh index): the columns, dtypes and
-    values of `pd.DataFrame.from_records` over the rows (int64; float64 with NaN for None, object
-    where every value is None; the inferred string type), built from the typed columns."""
-    num_rows = sum(len(p) for p in parts)
-    if not num_rows:  # no rows: from_records' own (object) columns
-        return pd.DataFrame.from_records([], columns=list(REQUEST_FIELDS))
-
-    def column(j: int) -> np.ndarray:
-        kind = REQUEST_COLUMN_TYPES[REQUEST_FIELDS[j]]
-        if kind == "O":
-            return np.array([v for p in parts for v in p.columns[j]], dtype=object)
-        return np.concatenate([np.frombuffer(p.columns[j], dtype=kind) for p in parts if len(p)])
-
-    order = None
-    if order_by is not None:
-        order = np.argsort(column(REQUEST_FIELDS.index(order_by)), kind="stable")
+    order = np.argsort(column(order_by), kind="stable") if order_by is not None else None
     data = {}
-    for j, name in enumerate(REQUEST_FIELDS):
-        values = column(j)
+    for name, kind in types.items():
+        values = column(name)
         if order is not None:
             values = values[order]
-        kind = REQUEST_COLUMN_TYPES[name]
-        if kind == "O":
+        if name in scale:
+            values = values / scale[name]
+        elif kind == "O":
             values = pd.Series(values)  # the string type from_records infers
         elif kind == "d" and np.isnan(values).all():
-            values = np.full(num_rows, None, dtype=object)  # all None: from_records keeps object
+            values = np.full(len(values), None, dtype=object)  # all None: from_records keeps object
         elif kind != "d":
             values = values.astype(np.int64, copy=False)
         data[name] = values
@@ -302,8 +314,8 @@ class Replica:
         self.route_ahead: RouteAhead | None = None  # least_outstanding: refreshes `own`
         self.own_stale = False  # least_outstanding: `own` is to be refreshed
         self.outstanding_tokens = 0  # prompt + requested output tokens of unfinished requests
-        self.records = RequestRecords()
-        self.timeline: list[tuple] = []
+        self.records = TypedRows.requests()
+        self.timeline = TypedRows(TIMELINE_COLUMN_TYPES)
         self.counters = SimCounters()
         self.capacity = CapacityUse()
         self.itl = ITLBins()

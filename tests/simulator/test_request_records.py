@@ -1,6 +1,6 @@
-"""A replica's per-request rows are kept column by column (`RequestRecords`): the rows read back as
-`request_record` made them, and `requests_frame` builds the very table that
-`pd.DataFrame.from_records` of those rows gives (columns, dtypes, values)."""
+"""A replica's per-request rows and timeline are kept column by column (`TypedRows`): the rows read
+back as they were appended, and `rows_frame` builds the very table that `pd.DataFrame.from_records`
+of those rows gives (columns, dtypes, values), as `collect` built it before."""
 
 import numpy as np
 import pandas as pd
@@ -9,10 +9,10 @@ import pytest
 import traces
 from engine.sequence import REQUEST_FIELDS
 from simulator.latency.roofline import RooflineModel
-from simulator.sim import RequestRecords, requests_frame, simulate
+from simulator.sim import TIMELINE_COLUMN_TYPES, TIMELINE_FIELDS, TypedRows, rows_frame, simulate
 
 
-def _from_rows(parts: list[RequestRecords]) -> pd.DataFrame:
+def _from_rows(parts: list[TypedRows]) -> pd.DataFrame:
     """The table as `collect` built it from tuples before the rows were kept in columns."""
     rows = [r for p in parts for r in p]
     return pd.DataFrame.from_records(rows, columns=list(REQUEST_FIELDS))
@@ -66,9 +66,16 @@ def test_requests_frame_equals_the_table_of_the_rows(
     run = simulate(long_prompts, config, latency, config.num_kv_blocks)
     parts = [r.records for r in run.replicas]
     assert sum(len(p) for p in parts) == len(long_prompts)
-    frame = requests_frame(parts)
+    frame = rows_frame(parts)
     _assert_same(frame, _from_rows(parts))
-    _assert_same(requests_frame(parts, order_by="request_id"), _sorted(_from_rows(parts)))
+    _assert_same(rows_frame(parts, order_by="request_id"), _sorted(_from_rows(parts)))
+    timeline = rows_frame([r.timeline for r in run.replicas], scale={"kv_usage": config.num_kv_blocks})
+    old_timeline = pd.DataFrame.from_records(
+        [(t, i, used / config.num_kv_blocks, n, w) for r in run.replicas for t, i, used, n, w in r.timeline],
+        columns=list(TIMELINE_FIELDS),
+    )
+    assert len(timeline) > 10
+    _assert_same(timeline, old_timeline)
     reasons = set(frame["finish_reason"])
     assert {"rejected_prompt_too_long", "rejected_kv_capacity", "length"} <= reasons
     assert frame["first_token_s"].isna().any() and frame["num_preemptions"].sum() > 0
@@ -93,16 +100,21 @@ def _row(request_id, first_token, reason="length"):
     ],
 )
 def test_requests_frame_edge_cases(rows):
-    parts = [RequestRecords(), RequestRecords()]
+    parts = [TypedRows.requests(), TypedRows.requests()]
     for k, row in enumerate(rows):
         parts[k % 2].append(row)
     assert [r for p in parts for r in p] == [r for k in (0, 1) for r in rows[k::2]]
-    _assert_same(requests_frame(parts), _from_rows(parts))
-    _assert_same(requests_frame(parts, order_by="request_id"), _sorted(_from_rows(parts)))
+    _assert_same(rows_frame(parts), _from_rows(parts))
+    _assert_same(rows_frame(parts, order_by="request_id"), _sorted(_from_rows(parts)))
+
+
+def test_an_empty_timeline_is_from_records_own():
+    parts = [TypedRows(TIMELINE_COLUMN_TYPES) for _ in range(2)]
+    _assert_same(rows_frame(parts), pd.DataFrame.from_records([], columns=list(TIMELINE_FIELDS)))
 
 
 def test_values_that_a_column_cannot_hold_fail_loudly():
-    records = RequestRecords()
+    records = TypedRows.requests()
     with pytest.raises(TypeError):
         records.append((None, *_row(1, 0.5)[1:]))  # an integer field is never missing
     with pytest.raises(OverflowError):  # the token counts are int32 columns
