@@ -691,6 +691,8 @@ def simulate(
 
     env.process(arrival_process())
     env.run()
+    for replica in replicas:  # the run is over: let its per-arrival arrays go (24 MB a million)
+        replica.route_ahead = None
     return SimRun(config, replicas, num_kv_blocks, time.perf_counter() - t0, getattr(trace, "name", ""))
 
 
