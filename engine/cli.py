@@ -10,6 +10,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from engine.config import POLICIES
+
 PRESET_ARCH = {"qwen3-0.6b": "qwen3", "qwen3-8b": "qwen3", "llama-3-8b": "llama", "tiny": "qwen3"}
 
 
@@ -39,7 +41,7 @@ def _engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         default="chunked",
-        choices=["chunked", "prefill_first"],
+        choices=POLICIES,
         help="scheduling: chunked prefill mixed with decodes (vLLM v1), or prefill-only / decode-only steps",
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")

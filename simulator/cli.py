@@ -13,6 +13,8 @@ import re
 import sys
 from pathlib import Path
 
+from engine.config import POLICIES
+from simulator.config import ROUTERS
 from simulator.defaults import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, default_profile
 from traces.cli import check_out_dir, load_trace_arg
 
@@ -104,13 +106,13 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         default="chunked",
-        choices=["chunked", "prefill_first"],
+        choices=POLICIES,
         help="scheduling: chunked prefill mixed with decodes (vLLM v1), or prefill-only / decode-only steps",
     )
     p.add_argument(
         "--router",
         default="round_robin",
-        choices=["round_robin", "least_outstanding", "prefix_aware"],
+        choices=ROUTERS,
         help="how requests are spread over replicas",
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")

@@ -13,7 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from engine.config import POLICIES
 from simulator.cli import add_sim_arguments, sim_config_from_args
+from simulator.config import ROUTERS
 from simulator.defaults import DEFAULT_MODEL, DEFAULT_TRACE
 from simulator.metrics import SLO_HELP
 from traces.cli import load_trace_arg
@@ -376,13 +378,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pl.add_argument(
         "--policy",
         default="chunked",
-        choices=["chunked", "prefill_first"],
+        choices=POLICIES,
         help="scheduling policy of every option",
     )
     pl.add_argument(
         "--router",
         default="least_outstanding",
-        choices=["round_robin", "least_outstanding", "prefix_aware"],
+        choices=ROUTERS,
         help="how requests are spread over replicas",
     )
     pl.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
