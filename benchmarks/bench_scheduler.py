@@ -25,6 +25,7 @@ from engine.config import SchedulerConfig, cdiv  # noqa: E402
 from engine.sequence import SamplingParams  # noqa: E402
 from simulator.fast_forward import FastForwardScheduler as Scheduler  # noqa: E402
 from simulator.fast_forward import accumulate_decode_times  # noqa: E402
+from simulator.lazy_blocks import LazyBlockManager  # noqa: E402
 
 TARGET_US = 150.0  # schedule + postprocess per step at 256 running sequences
 PROMPT_LEN = 128
@@ -42,11 +43,14 @@ class Clock:
         return self.t
 
 
-def steady_state(num_seqs: int, block_size: int, caching: bool, max_steps: int) -> tuple[Scheduler, Clock]:
-    """A scheduler whose `num_seqs` requests are all past their prefill and decoding."""
+def steady_state(
+    num_seqs: int, block_size: int, caching: bool, max_steps: int, manager: type[BlockManager] = BlockManager
+) -> tuple[Scheduler, Clock]:
+    """A scheduler whose `num_seqs` requests are all past their prefill and decoding, over a block
+    manager of class `manager` (the engine's core, or the simulator's LazyBlockManager)."""
     rng = random.Random(0)
     tokens_per_seq = PROMPT_LEN + max_steps + 64
-    bm = BlockManager(num_seqs * cdiv(tokens_per_seq, block_size) + 16, block_size, caching)
+    bm = manager(num_seqs * cdiv(tokens_per_seq, block_size) + 16, block_size, caching)
     config = SchedulerConfig(
         max_num_seqs=num_seqs, max_num_batched_tokens=8192, max_model_len=1 << 24, policy="chunked"
     )
@@ -102,8 +106,9 @@ def bench_steps(num_seqs: int, block_size: int, caching: bool, steps: int, repea
 def bench_fast_forward(
     num_seqs: int, block_size: int, caching: bool, steps: int, repeats: int
 ) -> tuple[float, float]:
-    """Best-of-`repeats` µs (wall, CPU) per decode step collapsed by a fast_forward call of `steps`."""
-    sched, clock = steady_state(num_seqs, block_size, caching, steps * repeats)
+    """Best-of-`repeats` µs (wall, CPU) per decode step collapsed by a fast_forward call of `steps`,
+    over the simulator's LazyBlockManager."""
+    sched, clock = steady_state(num_seqs, block_size, caching, steps * repeats, LazyBlockManager)
     decode_times = partial(accumulate_decode_times, decode_step_time)
     best_wall = best_cpu = math.inf
     gc.disable()

@@ -16,6 +16,7 @@ from operator import attrgetter, sub
 from engine.block_manager import ROOT_HASH
 from engine.scheduler import _NO_TIME, ScheduledBatch, Scheduler, _stop_reason
 from engine.sequence import Sequence, SequenceStatus
+from simulator.lazy_blocks import LazyBlockManager
 
 RUNNING = SequenceStatus.RUNNING
 
@@ -25,6 +26,7 @@ class FastForwardScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self._lazy = isinstance(self.block_manager, LazyBlockManager)  # else the core's eager one
         self.itl_runs: list[tuple[Seq[float], int]] = []  # fast-forwarded (end times, num seqs)
         # Decode steps until the first running request finishes, known while every running request is
         # a plain decode: set by a run that finished none, cleared by `schedule` and `postprocess`
@@ -73,7 +75,7 @@ class FastForwardScheduler(Scheduler):
         if -(-seq.num_tokens // bm.block_size) <= bm.num_free_blocks:
             # blocks for all its tokens are free: it fits, hits or not (a hit never needs more). The
             # lookup is left to admission, which materializes any lazy chain it finds (when it
-            # happens changes no outcome, see BlockManager)
+            # happens changes no outcome, see LazyBlockManager)
             return False
         hits = bm.lookup_prefix(seq)
         num_cached = len(hits) * bm.block_size
@@ -280,7 +282,7 @@ class FastForwardScheduler(Scheduler):
                 continue
             # h > 0: the head's lookup materialized the chain of its first block, so a sequence that
             # registers lazily has another first block (and no hash memo to read beyond it)
-            if h and (bm.registers_lazily(seq) or bm.block_hashes(seq, h)[h - 1] != prev):
+            if h and ((self._lazy and bm.registers_lazily(seq)) or bm.block_hashes(seq, h)[h - 1] != prev):
                 continue
             step = (h + 1) * bs - c + 1  # the step that opens its block h + 1, registering block h
             if step <= k:
@@ -359,12 +361,13 @@ class FastForwardScheduler(Scheduler):
         if not fills:
             self._take_run_blocks(k, opens)
             return
-        lazy, eager = bm.split_lazy_fills(fills)
+        lazy, eager = bm.split_lazy_fills(fills) if self._lazy else ((), fills)
         if eager and self._new_blocks_collide(eager):
             self._apply_block_events(k, computed, near)
             return
         self._take_run_blocks(k, opens)
-        bm.extend_lazy_chains(lazy)  # nothing to hash or register; they touch no other sequence
+        if lazy:
+            bm.extend_lazy_chains(lazy)  # nothing to hash or register; they touch no other sequence
         for seq, num_tokens in eager:
             bm.cache_full_blocks(seq, num_tokens)
 
@@ -372,7 +375,7 @@ class FastForwardScheduler(Scheduler):
         """Whether a block that the next steps fill has a hash already cached or filled twice: only
         then does registering in stepping's order, between allocations, change the outcome.
         `eager`: the (sequence, computed tokens after the steps) that fill blocks and register them
-        eagerly; the blocks of a sequence that registers lazily can do neither (see `BlockManager`)."""
+        eagerly; the blocks of a sequence that registers lazily can do neither (see `LazyBlockManager`)."""
         bm = self.block_manager
         bs = bm.block_size
         new_hashes: list[int] = []

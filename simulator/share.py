@@ -24,7 +24,7 @@ def prefix_neutral(prompts: list[list[int]], block_size: int) -> bool:
     padded with the token every simulated decode samples, as a block that decodes fill holds them).
 
     Then no prefix-cache lookup or registration ever finds a hash: each request's first-block hash
-    is registered by itself only, so every chain after it stays lazy (engine/block_manager.py) and
+    is registered by itself only, so every chain after it stays lazy (simulator/lazy_blocks.py) and
     no deeper block is ever registered; and without preemption no request is looked up twice. Which
     blocks stay cached, and for how long (N), then decides nothing."""
     pad = [SIM_TOKEN_ID] * block_size

@@ -31,13 +31,13 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from engine.block_manager import BlockManager
 from engine.scheduler import can_run_ahead, follows, schedules_ahead
 from engine.sequence import SamplingParams, Sequence, SequenceStatus, request_record
 from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_lead, make_router
 from simulator.config import SimConfig
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
 from simulator.latency.base import LatencyModel
+from simulator.lazy_blocks import LazyBlockManager
 from simulator.metrics import ITLBins
 from traces.schema import synthetic_vocab_size
 
@@ -306,7 +306,7 @@ class Replica:
         self._lagged = LaggedDecodeTimes(self.decode_times)
         self._lagged_overlapped = LaggedDecodeTimes(_decode_times(self.overlapped_latency))
         self.clock = 0.0  # exact simulated time of this replica; env.now follows it
-        self.block_manager = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = LazyBlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = FastForwardScheduler(config.scheduler_config(), self.block_manager, clock=self._now)
         self.arrival = arrival  # the next arrival, wherever it goes
         # the next arrival that may come here (`RouteAhead`; else `arrival`): where runs stop

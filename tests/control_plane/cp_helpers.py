@@ -16,6 +16,7 @@ from engine.config import SchedulerConfig, cdiv
 from engine.scheduler import ScheduledBatch
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
+from simulator.lazy_blocks import LazyBlockManager
 
 
 class ManualClock:
@@ -64,7 +65,8 @@ def make_scheduler(
     lazy_registration: bool = True,
 ) -> tuple[FastForwardScheduler, BlockManager, ManualClock]:
     clock = clock or ManualClock()
-    bm = BlockManager(num_blocks, block_size, enable_prefix_caching, lazy_registration=lazy_registration)
+    manager = LazyBlockManager if lazy_registration else BlockManager
+    bm = manager(num_blocks, block_size, enable_prefix_caching)
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,

@@ -2,8 +2,8 @@
 hashed nor registered until someone finds that first block, with the outcomes of eager registration.
 
 White-box where it shows the laziness (`_hash_to_block_id` and `_lazy_chains` read directly, since
-the public views materialize); every scenario also runs on an eager BlockManager
-(lazy_registration=False), and both must agree on hits, block ids, the free list, ref counts,
+the public views materialize); every scenario also runs on the core's eager BlockManager, and
+both must agree on hits, block ids, the free list, ref counts,
 evictions and, at the end, hashes and cached tokens.
 """
 
@@ -13,10 +13,11 @@ from cp_helpers import admit, allocation_state, batch_summary, block_manager_sta
 
 from engine.block_manager import BlockManager
 from engine.sequence import SamplingParams, SequenceStatus
+from simulator.lazy_blocks import LazyBlockManager
 
 
 def lazy_and_eager(num_blocks: int, block_size: int) -> tuple[BlockManager, BlockManager]:
-    return BlockManager(num_blocks, block_size), BlockManager(num_blocks, block_size, lazy_registration=False)
+    return LazyBlockManager(num_blocks, block_size), BlockManager(num_blocks, block_size)
 
 
 def num_registered(bm: BlockManager) -> int:
@@ -30,7 +31,7 @@ def test_blocks_after_a_fresh_first_block_are_cached_but_not_registered():
         a = seq(0, [1, 2, 3, 4, 5, 6, 7])
         admit(bm, a)  # blocks 0 (first), 1, 2 full; 3 partial
         assert (a.block_table, a.num_cached_blocks) == ([0, 1, 2, 3], 3)
-        if bm.lazy_registration:
+        if isinstance(bm, LazyBlockManager):
             assert num_registered(bm) == 1
             assert bm.registers_lazily(a) and list(bm._lazy_chains) == [0]
             assert a.block_hashes == bm.block_hashes(seq(9, [1, 2]), 1)  # only the first is hashed
@@ -38,7 +39,7 @@ def test_blocks_after_a_fresh_first_block_are_cached_but_not_registered():
         b = seq(1, [1, 2, 3, 4, 5, 6, 9])  # shares a's three full blocks
         hits = admit(bm, b)
         assert hits == [0, 1, 2]
-        if bm.lazy_registration:  # the lookup found block 0: a's chain is registered now, and a eager
+        if isinstance(bm, LazyBlockManager):  # the lookup found block 0: a's chain registered, a eager
             assert num_registered(bm) == 3
             assert not bm.registers_lazily(a) and not bm._lazy_chains
         a.token_ids.append(8)
@@ -81,7 +82,7 @@ def test_a_copy_of_a_first_block_materializes_the_chain_it_copies():
         b = seq(1, [1, 2])  # one block, and one token left to compute: no lookup can hit
         assert admit(bm, b) == []
         assert b.block_table == [3]  # a copy of block 0, left unregistered
-        if bm.lazy_registration:
+        if isinstance(bm, LazyBlockManager):
             assert num_registered(bm) == 2 and not bm._lazy_chains
         a.token_ids.append(6)
         assert bm.allocate_slots(a, 6)  # a fills block 2: registered at once
@@ -120,12 +121,12 @@ def test_the_chain_goes_when_its_first_block_is_evicted():
         a = seq(0, [1, 2, 3, 4, 5])  # 0 (first), 1 full; 2 partial
         admit(bm, a)
         bm.free(a)
-        if bm.lazy_registration:
+        if isinstance(bm, LazyBlockManager):
             assert list(bm._lazy_chains) == [0]
         e = seq(1, list(range(10, 17)))  # the whole cache: 2, 3, then a's 1 and 0 are evicted
         admit(bm, e)
         assert e.block_table == [2, 3, 1, 0] and bm.num_evictions == 2
-        if bm.lazy_registration:
+        if isinstance(bm, LazyBlockManager):
             assert list(bm._lazy_chains) == [2]  # e's own chain; a's went with block 0
         assert bm.lookup_prefix(seq(2, [1, 2, 3, 4, 5])) == []
         seen.append((allocation_state(bm), block_manager_state(bm)))
@@ -150,7 +151,7 @@ def test_a_chain_outlives_the_lists_a_finished_sequence_drops():
 def test_views_materialize_and_change_no_outcome():
     seen = []
     for look in (False, True):
-        bm = BlockManager(6, 2)
+        bm = LazyBlockManager(6, 2)
         a = seq(0, [1, 2, 3, 4, 5])
         admit(bm, a)
         if look:
@@ -171,7 +172,7 @@ def test_blocks_taken_from_a_freed_lazy_chain_in_front_are_its_last_ones():
         table: list[int] = []
         bm.take_free_blocks(table, 3)  # from the chain in front: its last three, last first
         assert table == [5, 4, 3]
-        if bm.lazy_registration:
+        if isinstance(bm, LazyBlockManager):
             assert [len(e.free_blocks) for e in bm.free_cached if not isinstance(e, int)] == [2]
         bm.take_free_blocks(table, 1)
         assert table == [5, 4, 3, 2]
@@ -180,7 +181,7 @@ def test_blocks_taken_from_a_freed_lazy_chain_in_front_are_its_last_ones():
 
 
 def test_run_fills_split_into_lazy_and_eager_ones():
-    bm = BlockManager(16, 2)
+    bm = LazyBlockManager(16, 2)
     a = seq(0, [1, 2, 3, 4, 5, 6, 7])
     admit(bm, a)  # a lazy chain: blocks 1, 2 after first block 0
     b = seq(1, [9])  # no full block yet: its first fill registers eagerly
@@ -189,7 +190,7 @@ def test_run_fills_split_into_lazy_and_eager_ones():
     assert bm.split_lazy_fills([]) == ([], [])
     states = []
     for extend in (True, False):
-        bm = BlockManager(16, 2)
+        bm = LazyBlockManager(16, 2)
         a = seq(0, [1, 2, 3, 4, 5, 6, 7])
         admit(bm, a)
         a.token_ids += [8, 9]
