@@ -31,6 +31,7 @@ from engine.piecewise import PiecewiseForward, SegmentBuffers, Segments, token_b
 from engine.sampler import Sampler
 from engine.scheduler import ScheduledBatch, make_batch
 from engine.sequence import SamplingParams, Sequence
+from engine.staging import StagingRing
 
 DEFAULT_CPU_KV_BLOCKS = 512
 
@@ -156,10 +157,8 @@ class ModelRunner:
         self.sampler = Sampler(generator, triton_argmax=self.kernels.triton_argmax)
         # one-row all-greedy steps: the LM head and the argmax in one pass (unless fused_head_argmax is off)
         self.fused_head = self.kernels.fused_head_argmax
-        # two pinned buffers, used in turn: with async scheduling the host builds step n+1's inputs
-        # while step n's host-to-device copy may still be queued
-        self._stagings = (self._staging_buffer(), self._staging_buffer())
-        self._num_built = 0
+        # pinned buffers for the steps' input copies, used in turn (engine/staging.py)
+        self._staging = self._staging_ring()
         # the stream every step runs on (looked up once), and async scheduling's token copies, in turn
         self._stream = torch.cuda.current_stream(device) if self.cuda else None
         self._token_buffers = self._token_host_buffers()
@@ -196,12 +195,13 @@ class ModelRunner:
         self.layer_impl = impl
         return model
 
-    def _staging_buffer(self) -> torch.Tensor | None:
+    def _staging_ring(self, num_buffers: int = 2) -> StagingRing:
         if not self.cuda:
-            return None
+            return StagingRing([None] * num_buffers, [None] * num_buffers)
         width = cdiv(self.max_model_len, self.block_size)
         n = 3 * (self.max_num_batched_tokens + self.max_num_seqs) + self.max_num_seqs * (width + 8) + 16
-        return torch.empty(n, dtype=torch.int32, pin_memory=True)
+        buffers = [torch.empty(n, dtype=torch.int32, pin_memory=True) for _ in range(num_buffers)]
+        return StagingRing(buffers, [torch.cuda.Event() for _ in range(num_buffers)])
 
     def _token_host_buffers(self) -> tuple[tuple[torch.Tensor, Any], ...]:
         if not self.cuda:
@@ -470,9 +470,9 @@ class ModelRunner:
         """Forward the batch (decode through a CUDA graph when one fits): the final hidden states of
         the rows that sample, in batch order. `input_ids`: as for `launch`. (Its kernels read the
         kernel config that `launch` and `compute_logits` activate.)"""
-        staging = self._stagings[self._num_built & 1]
-        self._num_built += 1
+        staging = self._staging.acquire()
         inputs = build_step_inputs(batch, self.block_size, self.device, staging)
+        self._staging.copied(self._stream)
         if input_ids is not None:
             inputs.input_ids.copy_(input_ids, non_blocking=True)
         graph_bs = self._graph_size(batch)

@@ -161,6 +161,25 @@ def test_async_scheduling_matches_the_synchronous_loop(gpu_checkpoints, block_si
     assert num_async >= 0.5 * (steps["kind"] == "decode").sum()
 
 
+def test_chunks_queued_behind_a_busy_device_run_on_their_own_inputs(gpu_checkpoints):
+    """A prompt prefilled in five chunks, four of which sample nothing, queued while the device is
+    still busy (a sleep kernel ahead of them): the host builds every chunk before the first one's
+    input copy runs, so reusing a staging buffer by turn alone would hand a chunk a later chunk's
+    inputs. The greedy tokens equal those of the same prompt served with the device idle."""
+    prompt = [random.Random(5).randrange(8192) for _ in range(1900)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    runs = []
+    for busy in (False, True):
+        with _engine(gpu_checkpoints["qwen3"], max_num_batched_tokens=400) as llm:
+            seq = llm.add_request(prompt, params)
+            if busy:
+                torch.cuda._sleep(200_000_000)  # ~0.1 s of device time ahead of the chunks
+            while llm.has_unfinished():
+                llm.step()
+            runs.append(seq.output_token_ids)
+    assert runs[1] == runs[0]
+
+
 def test_triton_argmax_and_graph_copy_match_torch_and_compile_before_serving(gpu_checkpoints, monkeypatch):
     """The tokens (greedy and sampled, batches of up to 24 rows: launches with and without PDL) are the
     same with the Triton argmax and graph-input copy as with torch's, and serving compiles no kernel
