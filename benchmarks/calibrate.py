@@ -130,9 +130,9 @@ def main() -> None:
 
 def print_plans(args) -> None:
     """The sweep of each block size without a GPU: the preset's cache on `args.gpu` as plans size it
-    (engine.config.default_num_kv_blocks; the engine's own sizing differs by a few blocks), planned on
+    (engine.memory.default_num_kv_blocks; the engine's own sizing differs by a few blocks), planned on
     the control plane and priced on the shipped (or --estimate-profile) profile."""
-    from engine.config import default_num_kv_blocks
+    from engine.memory import default_num_kv_blocks
     from simulator.latency.gpus import get_gpu
     from simulator.models import resolve_model
 

@@ -31,7 +31,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from engine.config import cdiv
-from engine.scheduler import STEP_RECORD_COLUMNS
+from engine.records import STEP_RECORD_COLUMNS
 from engine.sequence import SamplingParams
 
 DECODE_STEPS = 40

@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from engine.sequence import REQUEST_FIELDS, SamplingParams, SequenceStatus, request_record
+from engine.records import REQUEST_FIELDS, request_record
+from engine.sequence import SamplingParams, SequenceStatus
 from traces.schema import synthetic_vocab_size
 
 

@@ -1,8 +1,5 @@
 """The scheduler: which requests compute how many tokens in the next step, and what happens after it.
-
-One control plane for both clocks: the GPU engine and the SimPy simulator drive this same class,
-differing only in the injected `clock` and in who turns a `ScheduledBatch` into sampled tokens.
-Torch-free. Policies (`chunked`, `prefill_first`) are small strategy objects over shared helpers.
+Torch-free; the engine and the simulator drive this same class, differing only in the injected clock.
 """
 
 from __future__ import annotations
@@ -22,35 +19,6 @@ from engine.sequence import SamplingParams, Sequence, SequenceStatus
 
 RUNNING = SequenceStatus.RUNNING
 _NO_TIME = object()  # a sentinel no token time is
-
-
-# One row per engine step (engine/step_recorder.py writes them; the fitted latency model reads them):
-# the batch totals below, plus how the step ran and what it cost.
-STEP_RECORD_COLUMNS = (
-    "step",
-    "kind",
-    "num_seqs",
-    "num_prefill_seqs",
-    "num_decode_seqs",
-    "total_num_scheduled_tokens",
-    "num_prefill_tokens",
-    "total_num_cached_tokens",
-    "num_context_tokens",
-    "max_seq_len",
-    "prefill_attn_work",
-    "num_kv_blocks_used",
-    "graph_batch_size",
-    "tp",
-    "block_size",
-    "gpu_time_s",
-    "wall_time_s",
-    "compiled",
-    "allreduce_time_s",
-    "idle_before_s",
-    "graph_num_tokens",
-    "overlapped",
-    "num_waiting",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,19 +62,14 @@ def make_batch(
     cached: list[int],
     preempted: list[int],
     num_kv_blocks_used: int,
-    all_decodes: bool = False,
     num_leading_decodes: int = 0,
 ) -> ScheduledBatch:
-    """Build a ScheduledBatch and its totals from the per-sequence grants of one step.
-
-    The caller may say what it knows: `all_decodes`, every grant is one token that completes its
-    sequence (a decode: no prefix hit); `num_leading_decodes`, the first that many grants are (only
-    the rest are inspected).
-    """
-    k = len(seqs) if all_decodes else num_leading_decodes
+    """Build a ScheduledBatch and its totals from the per-sequence grants of one step; the first
+    `num_leading_decodes` grants are known to be plain decodes (one token that completes the
+    sequence, no prefix hit), so only the rest are inspected."""
+    k = num_leading_decodes
     if k == len(seqs) and seqs:
         return _decode_batch(seqs, computed, preempted, num_kv_blocks_used)
-    # The leading decodes need no look; the rest (usually a prefill chunk or two) in one pass.
     tail_prefill: list[bool] = []
     tail_sample: list[bool] = []
     prefill_terms: list[float] = []  # new * (computed + (new + 1) / 2) of each prefill
@@ -177,15 +140,7 @@ def _decode_batch(
 class _StepBuilder:
     """Accumulates one step's grants while a policy schedules."""
 
-    __slots__ = (
-        "seqs",
-        "num_new",
-        "computed",
-        "cached",
-        "preempted",
-        "budget",
-        "num_leading_decodes",
-    )
+    __slots__ = ("seqs", "num_new", "computed", "cached", "preempted", "budget", "num_leading_decodes")
 
     def __init__(self, budget: int) -> None:
         self.seqs: list[Sequence] = []
@@ -231,9 +186,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.record_itl = record_itl
-        # Inter-token gaps: (gap, tokens that saw it) per step, in compact arrays, and fast-forwarded
-        # runs as (end times, number of sequences), the times as the run computed them (a list:
-        # no conversion per run; a long simulation drains them often); merged by `itl_histogram`.
+        # inter-token gaps (gap, tokens that saw it), per step, in compact arrays
         self.itl_gaps = array("d")
         self.itl_weights = array("q")
         self.num_preemptions = 0
@@ -267,14 +220,13 @@ class Scheduler:
         return seq
 
     def rejection_reason(self, n: int) -> str | None:
-        """Why a prompt of `n` tokens can never run here, as a finish reason from a fixed vocabulary
-        (the prompt's length, the limit and the cache's size are in the request's row and the
-        configuration), or None. Reads no token: a simulator asks it before building a prompt."""
+        """Why a prompt of `n` tokens can never run here (a finish reason), or None. Reads no token:
+        a simulator asks it before building a prompt."""
         bm = self.block_manager
         if n > self.config.max_model_len:
-            return "rejected_prompt_too_long"  # longer than max_model_len
+            return "rejected_prompt_too_long"
         if cdiv(n, bm.block_size) > bm.num_blocks:
-            return "rejected_kv_capacity"  # needs more KV blocks than the whole cache has
+            return "rejected_kv_capacity"  # more KV blocks than the whole cache has
         return None
 
     def has_unfinished(self) -> bool:
@@ -338,8 +290,7 @@ class Scheduler:
         return finished
 
     def _remove_running(self, done: list[Sequence]) -> None:
-        """Take the sequences `done` (finished, in `running` order) out of `running`: a few found by
-        a scan in C, many by rebuilding the list."""
+        """Take the finished sequences `done` out of `running` (a few by a scan, many by a rebuild)."""
         if len(done) <= 4:
             for seq in done:
                 self.running.remove(seq)  # Sequence compares by identity
@@ -352,19 +303,6 @@ class Scheduler:
             self.itl_gaps.append(now - last)
             self.itl_weights.append(count)
 
-    def drain_itl(self) -> tuple[array, array]:
-        """Hand over the recorded inter-token gaps (gaps, weights) and start afresh."""
-        drained = (self.itl_gaps, self.itl_weights)
-        self.itl_gaps, self.itl_weights = array("d"), array("q")
-        return drained
-
-    def itl_histogram(self) -> dict[float, int]:
-        """Inter-token gap (s) -> how many tokens saw it."""
-        hist: dict[float, int] = {}
-        for gap, count in zip(self.itl_gaps, self.itl_weights):
-            hist[gap] = hist.get(gap, 0) + count
-        return hist
-
     def _finish(self, seq: Sequence, reason: str, now: float, finished: list[Sequence]) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
@@ -376,12 +314,8 @@ class Scheduler:
     # ---- helpers shared by the policies ---------------------------------------------------------
     def _schedule_running(self, step: _StepBuilder) -> None:
         """Grant each running sequence its pending tokens (1 for a decode) in order, preempting the
-        newest running sequences (recompute) when blocks run out.
-
-        Every granted sequence is the next of `running`, and the grants stop at the first that is
-        refused, so an empty step's grants are a prefix of `running`: usually a run of plain decodes
-        (granted in bulk) then a few others, such as a prefill chunk.
-        """
+        newest running sequences (recompute) when blocks run out. The grants stop at the first refusal,
+        so they are a prefix of `running`: usually plain decodes (granted in bulk), then a few others."""
         running = iter(self.running)
         if not step.seqs:
             first_other = self._schedule_leading_decodes(step, running)
@@ -391,22 +325,19 @@ class Scheduler:
         self._schedule_others(step, running)
 
     def _schedule_leading_decodes(self, step: _StepBuilder, running: Iterator[Sequence]) -> Sequence | None:
-        """Grant the plain decodes at the head of `running` to an empty step, in bulk. Returns the
-        first sequence that is not a plain decode when the grants may go on with it, else None."""
+        """Grant the plain decodes at the head of `running` to an empty step, in bulk; return the first
+        other sequence when the grants may go on with it, else None."""
         bs = self.block_manager.block_size
         computed = step.computed
         add_computed = computed.append
         first_other = None
-        # The per-step hot loop, kept flat: one grant of budget each (islice stops where the budget
-        # does, consuming no more of `running`). Preemption pops from the end of `running`, which
-        # ends the iteration there, as it must.
+        # the per-step hot loop, kept flat; preemption pops from the end of `running`, ending it there
         for seq in islice(running, max(step.budget, 0)):
             c = seq.num_computed_tokens
             if len(seq.token_ids) - c != 1:
                 first_other = seq
                 break
-            # c % bs == 0: c opens a block (and registers the one the step before filled); elsewhere
-            # there is nothing to do
+            # only where c opens a block (registering the one the step before filled) is there work
             if not c % bs and not self._grant_blocks(seq, c + 1, step, 1):
                 break
             add_computed(c)
@@ -443,8 +374,8 @@ class Scheduler:
 
     def _grant_blocks(self, seq: Sequence, num_tokens: int, step: _StepBuilder, num_pending: int) -> bool:
         """Give `seq` the blocks that `num_tokens` computed tokens need, preempting when blocks run
-        out, and register the full blocks of all but its last `num_pending` tokens (see
-        `_register_known`); False when `seq` cannot run this step."""
+        out, and register the full blocks of all but its last `num_pending` tokens; False when `seq`
+        cannot run this step."""
         bm = self.block_manager
         num_slots = len(seq.block_table) * bm.block_size
         if num_tokens > num_slots:
@@ -458,12 +389,9 @@ class Scheduler:
     def _register_known(self, seq: Sequence, num_tokens: int) -> None:
         """Register the blocks that the first `num_tokens` tokens of `seq` fill.
 
-        A step registers the blocks full of tokens whose values the host has: a prefill chunk's (the
-        prompt's, or a preempted request's landed tokens), but not a decode's pending token, the
-        sample of the step before, which an engine scheduling ahead does not have yet. So the
-        block a decode fills is registered one step later, by the decode that opens the next block,
-        or when its request finishes or is preempted (`_release`): one rule for both clocks, which
-        leaves a schedule that runs ahead no token value to read (`schedule_reads_no_token_values`).
+        Only tokens whose values the host has: not a decode's pending token (the sample of the step
+        before, which an engine scheduling ahead lacks). The block a decode fills is registered one
+        step later, by the decode that opens the next block, or at finish or preemption (`_release`).
         """
         bm = self.block_manager
         if bm.enable_prefix_caching and num_tokens // bm.block_size > seq.num_cached_blocks:
@@ -471,16 +399,15 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         """Free the blocks of `seq` (finished or preempted), first registering those its computed
-        tokens fill (the last a decode filled waits for this, see `_register_known`)."""
+        tokens fill."""
         self._register_known(seq, seq.num_computed_tokens)
         self.block_manager.free(seq)
 
     def schedule_reads_no_token_values(self) -> bool:
         """Whether the next `schedule()` reads no value of the running requests' last tokens, so that
-        it may run before they are known (the engine's async scheduling). It would where a request
-        waits (admission looks prefixes up) and where a decode opens a block the free list cannot
-        give (preemption: the victim could be admitted again in the same step). Registration never
-        reads them: a decode's pending token is hashed one step later (`_register_known`)."""
+        it may run before they are known (async scheduling). It would where a request waits
+        (admission looks prefixes up) or a decode opens a block the free list cannot give (preemption:
+        the victim could be admitted again in the same step)."""
         if self.waiting or not self.running:
             return False
         bs = self.block_manager.block_size
@@ -497,7 +424,7 @@ class Scheduler:
         while not bm.allocate_slots(seq, num_tokens, num_tokens_to_cache=num_tokens - num_pending):
             victim = running.pop()
             if victim is seq and not running:
-                # Alone in the cache and still out of blocks: it can never continue.
+                # alone in the cache and still out of blocks: it can never continue
                 self._finish(seq, "kv_capacity", self.clock(), self._finished_outside_step)
                 return False
             self._preempt(victim)
@@ -515,11 +442,9 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _admit_waiting(self, step: _StepBuilder, chunk_first_only: bool) -> None:
-        """Admit waiting requests in FIFO order while budget, sequence slots and blocks last.
-
-        With `chunk_first_only` (nano-vllm) only the first prefill of the step may be cut to the
-        budget; otherwise (vLLM v1) the last admitted prefill takes whatever budget is left.
-        """
+        """Admit waiting requests in FIFO order while budget, sequence slots and blocks last. With
+        `chunk_first_only` (nano-vllm) only the first prefill of the step may be cut to the budget;
+        otherwise (vLLM v1) the last admitted prefill takes whatever budget is left."""
         bm, waiting, bs = self.block_manager, self.waiting, self.block_manager.block_size
         max_num_seqs = self.config.max_num_seqs
         while waiting and step.budget > 0 and len(self.running) < max_num_seqs:
@@ -549,9 +474,8 @@ class Scheduler:
 
 
 def can_run_ahead(batch: ScheduledBatch) -> bool:
-    """Async scheduling: whether `batch` is a decode step whose requests stop by length only (EOS
-    ignored). Postprocessing it needs no token value, so an engine may postprocess it on
-    placeholders while the device computes its tokens, and schedule the next step meanwhile."""
+    """Async scheduling: whether `batch` is a decode step whose requests stop by length only, so that
+    it can be postprocessed on placeholders while the device computes its tokens."""
     return batch.kind == "decode" and all(seq.stop_token_id == -1 for seq in batch.seqs)
 
 
@@ -561,11 +485,9 @@ def follows(prev_seqs: Seq[Sequence], seqs: Seq[Sequence]) -> bool:
 
 
 def schedules_ahead(prev_seqs: Seq[Sequence], batch: ScheduledBatch) -> bool:
-    """Async scheduling: whether `batch`, scheduled while a step of `prev_seqs` that
-    `can_run_ahead` still runs (and `Scheduler.schedule_reads_no_token_values` held), is launched
-    behind it: a step that can run ahead too, of the first of `prev_seqs` in order (`follows`), whose
-    input tokens are then the first of that step's samples, still on the device. Else the engine
-    waits for that step's tokens and runs `batch` after it. Both clocks decide overlap with this."""
+    """Async scheduling: whether `batch`, scheduled while a step of `prev_seqs` that `can_run_ahead`
+    still runs, is launched behind it (its input tokens are that step's first samples, on the
+    device); else it waits for that step's tokens. Both clocks decide overlap with this."""
     return can_run_ahead(batch) and follows(prev_seqs, batch.seqs)
 
 
@@ -584,8 +506,7 @@ def _account_unsampled(
     batch: ScheduledBatch, sampled_token_ids: Seq[int | None]
 ) -> Iterable[tuple[Sequence, int | None]]:
     """Advance the sequences whose step computed part of a prefill (nothing to sample); return the
-    (sequence, token) pairs of the others, in batch order. Those are most of a step: both passes
-    select in C (`compress`), only the few unsampled sequences are visited here."""
+    (sequence, token) pairs of the others, in batch order (both selected in C by `compress`)."""
     seqs, do_sample = batch.seqs, batch.do_sample
     num_scheduled = batch.num_scheduled_tokens
     num = min(len(seqs), len(sampled_token_ids))
@@ -600,10 +521,6 @@ class Policy:
     def schedule(self, sched: Scheduler) -> _StepBuilder:
         raise NotImplementedError
 
-    def decode_tokens_before_admission(self, sched: Scheduler) -> int:
-        """Budget that running decodes take before waiting requests are considered."""
-        raise NotImplementedError
-
 
 class ChunkedPolicy(Policy):
     """vLLM v1: running requests first (decodes and unfinished prefill chunks), then waiting
@@ -615,9 +532,6 @@ class ChunkedPolicy(Policy):
         if not step.preempted:
             sched._admit_waiting(step, chunk_first_only=False)
         return step
-
-    def decode_tokens_before_admission(self, sched: Scheduler) -> int:
-        return len(sched.running)
 
 
 class PrefillFirstPolicy(Policy):
@@ -638,9 +552,6 @@ class PrefillFirstPolicy(Policy):
         if not step.seqs:
             sched._schedule_running(step)
         return step
-
-    def decode_tokens_before_admission(self, sched: Scheduler) -> int:
-        return 0
 
 
 POLICY_CLASSES: dict[str, type[Policy]] = {"chunked": ChunkedPolicy, "prefill_first": PrefillFirstPolicy}

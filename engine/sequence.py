@@ -1,7 +1,5 @@
 """A request as the control plane sees it: token ids, vLLM's token-count model, block table, timestamps.
-
-Torch-free and shared by the real engine and the simulator. Ids come from the scheduler that admits
-the request (one counter per engine), never from a class-level counter.
+Torch-free; ids come from the scheduler that admits the request, never from a class-level counter.
 """
 
 from __future__ import annotations
@@ -90,8 +88,8 @@ class Sequence:
         self.max_tokens = sampling_params.max_tokens
         self.ignore_eos = sampling_params.ignore_eos
         self.eos_token_id = eos_token_id
-        # The stop tests of every step, precomputed: length reached, or the token that ends it (-1:
-        # none; token ids are never negative). The scheduler caps stop_num_tokens at max_model_len.
+        # the stop tests of every step: length reached (capped at max_model_len by the scheduler), or
+        # the token that ends it (-1: none; token ids are never negative)
         self.stop_num_tokens = self.num_prompt_tokens + self.max_tokens
         self.stop_token_id = -1 if self.ignore_eos or eos_token_id is None else eos_token_id
         self.arrival_time = arrival_time
@@ -129,42 +127,3 @@ class Sequence:
             f"computed={self.num_computed_tokens}, blocks={self.block_table})"
         )
 
-
-# One row per finished (or rejected) request, shared by the simulator and the real-engine replay so
-# that both are measured by the same metrics code.
-REQUEST_FIELDS = (
-    "request_id",
-    "replica",
-    "arrival_s",
-    "first_scheduled_s",
-    "first_token_s",
-    "finish_s",
-    "prompt_len",
-    "output_len",
-    "num_output_tokens",
-    "num_preemptions",
-    "num_cached_tokens",
-    "finish_reason",
-)
-
-
-def request_record(
-    seq: Sequence, request_id: int, output_len: int, replica: int = 0, t0: float = 0.0
-) -> tuple:
-    """The REQUEST_FIELDS row of `seq`, its times in seconds after `t0`."""
-
-    first_scheduled, first_token, finish = seq.first_scheduled_time, seq.first_token_time, seq.finish_time
-    return (
-        request_id,
-        replica,
-        None if seq.arrival_time is None else seq.arrival_time - t0,
-        None if first_scheduled is None else first_scheduled - t0,
-        None if first_token is None else first_token - t0,
-        None if finish is None else finish - t0,
-        seq.num_prompt_tokens,
-        output_len,
-        seq.num_output_tokens,
-        seq.num_preemptions,
-        seq.num_cached_tokens,
-        seq.finish_reason,
-    )

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import CacheConfig, ModelSpec, SchedulerConfig, check_tp, default_num_kv_blocks
+from engine.config import CacheConfig, ModelSpec, SchedulerConfig
+from engine.memory import check_tp, default_num_kv_blocks
 
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 # Each replica holds its own scheduler and KV block tables (about 5 MB and 30 ms to build for
@@ -95,7 +96,7 @@ class SimConfig:
 
 def kv_blocks_per_replica(config: SimConfig, gpu_memory_bytes: int | None = None) -> int:
     """KV blocks one replica holds: the explicit count, else what the engine's sizing gives
-    (`engine.config.default_num_kv_blocks`) on the config's GPU: its measured memory where known,
+    (`engine.memory.default_num_kv_blocks`) on the config's GPU: its measured memory where known,
     else the datasheet's (`GpuSpec.usable_memory_bytes`), or `gpu_memory_bytes` when given."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks

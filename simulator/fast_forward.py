@@ -14,7 +14,7 @@ from collections.abc import Sequence as Seq
 from operator import attrgetter, sub
 
 from engine.block_manager import ROOT_HASH
-from engine.scheduler import _NO_TIME, ScheduledBatch, Scheduler, _stop_reason
+from engine.scheduler import _NO_TIME, ChunkedPolicy, ScheduledBatch, Scheduler, _stop_reason
 from engine.sequence import Sequence, SequenceStatus
 from simulator.lazy_blocks import LazyBlockManager
 
@@ -51,13 +51,15 @@ class FastForwardScheduler(Scheduler):
     def drain_itl(self) -> tuple[array, array, list[tuple[Seq[float], int]]]:
         """Hand over the recorded inter-token gaps (gaps, weights, fast-forwarded runs) and start
         afresh: a long simulation folds them into a histogram as it goes."""
-        gaps, weights = super().drain_itl()
-        runs, self.itl_runs = self.itl_runs, []
-        return gaps, weights, runs
+        drained = (self.itl_gaps, self.itl_weights, self.itl_runs)
+        self.itl_gaps, self.itl_weights, self.itl_runs = array("d"), array("q"), []
+        return drained
 
     def itl_histogram(self) -> dict[float, int]:
         """Inter-token gap (s) -> how many tokens saw it, stepped and fast-forwarded steps alike."""
-        hist = super().itl_histogram()
+        hist: dict[float, int] = {}
+        for gap, count in zip(self.itl_gaps, self.itl_weights):
+            hist[gap] = hist.get(gap, 0) + count
         for times, n in self.itl_runs:
             for a, b in zip(times, times[1:]):
                 hist[b - a] = hist.get(b - a, 0) + n
@@ -68,7 +70,9 @@ class FastForwardScheduler(Scheduler):
         (decode steps only shrink the free blocks, so this stays true while they run)."""
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
             return True
-        budget = self.config.max_num_batched_tokens - self.policy.decode_tokens_before_admission(self)
+        # the budget admission sees: under `chunked` the running decodes take a token each first
+        decode_tokens = len(self.running) if isinstance(self.policy, ChunkedPolicy) else 0
+        budget = self.config.max_num_batched_tokens - decode_tokens
         if budget <= 0:
             return True
         bm, seq = self.block_manager, self.waiting[0]

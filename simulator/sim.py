@@ -31,8 +31,9 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from engine.records import request_record
 from engine.scheduler import can_run_ahead, follows, schedules_ahead
-from engine.sequence import SamplingParams, Sequence, SequenceStatus, request_record
+from engine.sequence import SamplingParams, Sequence, SequenceStatus
 from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_lead, make_router
 from simulator.config import SimConfig
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times

@@ -23,7 +23,7 @@ from engine.decode_splits import (
 from engine.decode_splits import (
     longest_split_divisor as balanced_divisor,
 )
-from engine.scheduler import STEP_RECORD_COLUMNS
+from engine.records import STEP_RECORD_COLUMNS
 from simulator.latency.base import BatchShape, LatencyModelBase, StepTime, arange_int64
 
 DECODE_FEATURES = (

@@ -11,15 +11,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from engine.config import (
-    ModelSpec,
-    cdiv,
-    check_tp,
-    dtype_bytes,
-    kv_bytes_per_token,
-    param_bytes,
-    param_count,
-)
+from engine.config import ModelSpec, cdiv, dtype_bytes
+from engine.memory import check_tp, kv_bytes_per_token, param_bytes, param_count
 from simulator.latency.base import (
     BatchShape,
     LatencyModelBase,

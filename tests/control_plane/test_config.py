@@ -1,4 +1,4 @@
-"""ModelSpec from HF config.json, the pure sizing functions and config validation (engine/config.py).
+"""ModelSpec from HF config.json, the pure sizing functions and config validation (engine/config.py, engine/memory.py).
 
 Expected numbers are derived by hand in each test from the published shapes, never by calling the
 function under test twice.
@@ -8,20 +8,8 @@ import json
 
 import pytest
 
-from engine.config import (
-    CacheConfig,
-    ModelSpec,
-    ParallelConfig,
-    SchedulerConfig,
-    cdiv,
-    check_tp,
-    dtype_bytes,
-    kv_bytes_per_token,
-    kv_free_bytes,
-    num_kv_blocks,
-    param_bytes,
-    param_count,
-)
+from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig, cdiv, dtype_bytes
+from engine.memory import check_tp, kv_bytes_per_token, kv_free_bytes, num_kv_blocks, param_bytes, param_count
 
 # Qwen/Qwen3-0.6B config.json (abridged to the fields HF ships; extra fields are ignored).
 QWEN3_0_6B = {
@@ -322,7 +310,7 @@ def test_check_tp(qwen3, llama3):
 
 
 def test_kv_cache_bytes_is_the_engines_budget():
-    from engine.config import GRAPH_MEMORY_RESERVE, kv_cache_bytes
+    from engine.memory import GRAPH_MEMORY_RESERVE, kv_cache_bytes
 
     gpu, weights, act = 10**10, 10**9, 10**8
     # 0.5 x 1e10 - 1e9 weights - 1e8 activations - 536_870_912 graph pool - 1e8 prefill graphs' pool

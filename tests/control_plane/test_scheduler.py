@@ -7,6 +7,7 @@ from cp_helpers import ManualClock, batch_summary, check_block_invariants, make_
 from engine.config import SchedulerConfig
 from engine.scheduler import Scheduler, make_batch
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from simulator.fast_forward import FastForwardScheduler
 
 LONG = SamplingParams(max_tokens=100, ignore_eos=True)
 
@@ -426,7 +427,7 @@ def test_itl_counts_every_decode_token():
 def test_record_itl_off():
     clock = ManualClock()
     sched, bm, _ = make_scheduler(block_size=4, num_blocks=16, clock=clock)
-    quiet = Scheduler(SchedulerConfig(), bm, clock=clock, record_itl=False)
+    quiet = FastForwardScheduler(SchedulerConfig(), bm, clock=clock, record_itl=False)
     quiet.add_request([1, 2], SamplingParams(max_tokens=3, ignore_eos=True))
     for _ in range(3):
         batch = quiet.schedule()

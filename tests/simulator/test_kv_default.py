@@ -1,14 +1,14 @@
 """The default KV cache of a simulation is the engine's sizing of the GPU's memory, never a profile's.
 
 Every shipped GPU (simulator/data/gpus.json) x model preset (simulator/data/models/) at blocks 16 and
-256: the count `SimConfig` gets without `num_kv_blocks` equals `engine.config.default_num_kv_blocks`
+256: the count `SimConfig` gets without `num_kv_blocks` equals `engine.memory.default_num_kv_blocks`
 on the GPU's measured (else datasheet) memory, and both equal the pinned value.
 """
 
 import pytest
 
 import traces
-from engine.config import default_num_kv_blocks, kv_cache_bytes
+from engine.memory import default_num_kv_blocks, kv_cache_bytes
 from simulator.config import SimConfig, kv_blocks_per_replica
 from simulator.defaults import SHIPPED_PROFILE_DIR
 from simulator.latency.gpus import get_gpu, load_gpu_specs

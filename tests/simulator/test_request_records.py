@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import traces
-from engine.sequence import REQUEST_FIELDS
+from engine.records import REQUEST_FIELDS
 from simulator.latency.roofline import RooflineModel
 from simulator.sim import TIMELINE_COLUMN_TYPES, TIMELINE_FIELDS, TypedRows, rows_frame, simulate
 
