@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engine.config import ModelSpec
 from engine.memory import kv_bytes_per_token, param_bytes
+from engine.model_spec import ModelSpec
 from traces.loaders import load, load_shipped, shipped_names
 from traces.schema import Trace, synthetic_vocab_size
 from traces.transforms import time_window

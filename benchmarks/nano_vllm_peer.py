@@ -14,7 +14,7 @@ from pathlib import Path
 
 import bench_long_context as lc
 
-from engine.config import ModelSpec
+from engine.model_spec import ModelSpec
 
 TEMPERATURE = 0.6  # nano-vllm has no greedy sampling; its bench uses 0.6
 NANO_BLOCK_SIZE = 256

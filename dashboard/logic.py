@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 import traces
-from engine.config import ModelSpec
+from engine.model_spec import ModelSpec
 from simulator import plan, sweep, validate
 from simulator.config import SimConfig
 from simulator.latency import LatencyModel, LatencyProfile, StepShape, load_gpu_specs

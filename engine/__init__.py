@@ -5,7 +5,8 @@ Importing this package imports no torch; `engine.LLM` loads the data plane on fi
 """
 
 from engine.block_manager import BlockManager
-from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig
+from engine.config import CacheConfig, ParallelConfig, SchedulerConfig
+from engine.model_spec import ModelSpec
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
 

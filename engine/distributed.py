@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine import envs
-from engine.config import ModelSpec
 from engine.memory import check_tp
+from engine.model_spec import ModelSpec
 from engine.scheduler import ScheduledBatch
 from engine.sequence import SamplingParams
 

@@ -23,13 +23,14 @@ from tqdm.auto import tqdm
 
 from engine.attention import select_backend
 from engine.block_manager import BlockManager
-from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig
+from engine.config import CacheConfig, ParallelConfig, SchedulerConfig
 from engine.decode_splits import split_block, split_unit
 from engine.distributed import MultiprocExecutor, check_tp_shapes, rank_device
 from engine.envs import KernelConfig
 from engine.layers.distributed import AllReduceTimer, time_all_reduces
 from engine.loader import read_hf_config
 from engine.model_runner import ModelRunner
+from engine.model_spec import ModelSpec
 from engine.scheduler import ScheduledBatch, Scheduler, can_run_ahead, schedules_ahead
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
 from engine.step_recorder import StepRecorder

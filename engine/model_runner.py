@@ -19,7 +19,7 @@ import torch
 
 from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
-from engine.config import ModelSpec, cdiv
+from engine.config import cdiv
 from engine.envs import KernelConfig
 from engine.kv_cache import KVCache
 from engine.layers import argmax, gemv, graph_inputs, head_argmax, pdl, triton_ops
@@ -27,6 +27,7 @@ from engine.layers.distributed import min_over_ranks
 from engine.layers.layernorm import LAYER_IMPLS
 from engine.loader import load_weights
 from engine.memory import kv_cache_bytes, num_kv_blocks
+from engine.model_spec import ModelSpec
 from engine.models import model_class
 from engine.piecewise import PiecewiseForward, SegmentBuffers, Segments, token_buckets
 from engine.sampler import Sampler

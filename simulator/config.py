@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import CacheConfig, ModelSpec, SchedulerConfig
+from engine.config import CacheConfig, SchedulerConfig
 from engine.memory import check_tp, default_num_kv_blocks
+from engine.model_spec import ModelSpec
 
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 # Each replica holds its own scheduler and KV block tables (about 5 MB and 30 ms to build for

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.config import ModelSpec
+from engine.model_spec import ModelSpec
 
 MODELS_DIR = Path(__file__).parent / "data" / "models"
 

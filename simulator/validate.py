@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engine.config import ModelSpec
+from engine.model_spec import ModelSpec
 from simulator.config import SimConfig
 from simulator.defaults import default_profile
 from simulator.latency.base import StepShape

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from engine.attention.metadata import get_forward_context
-from engine.config import ModelSpec
 from engine.layers import gemv, triton_ops
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import Attention
@@ -19,6 +18,7 @@ from engine.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.layernorm import RMSNorm
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.rotary import RotaryEmbedding, rope_parameters
+from engine.model_spec import ModelSpec
 
 
 class LlamaAttention(nn.Module):

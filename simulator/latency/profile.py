@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from engine.config import ModelSpec
+from engine.model_spec import ModelSpec
 from simulator.latency.base import LatencyModel
 from simulator.latency.fitted import (
     STEP_FLOOR_KINDS,

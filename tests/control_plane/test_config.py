@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from engine.config import CacheConfig, ModelSpec, ParallelConfig, SchedulerConfig, cdiv, dtype_bytes
+from engine.config import CacheConfig, ParallelConfig, SchedulerConfig, cdiv
 from engine.memory import check_tp, kv_bytes_per_token, kv_free_bytes, num_kv_blocks, param_bytes, param_count
+from engine.model_spec import ModelSpec, dtype_bytes
 
 # Qwen/Qwen3-0.6B config.json (abridged to the fields HF ships; extra fields are ignored).
 QWEN3_0_6B = {

@@ -16,7 +16,7 @@ if str(BENCH) not in sys.path:
 
 import bench_long_context as lc  # noqa: E402  (after the path fix)
 
-from engine.config import ModelSpec  # noqa: E402
+from engine.model_spec import ModelSpec  # noqa: E402
 from traces.schema import synthetic_vocab_size  # noqa: E402
 
 

@@ -95,7 +95,7 @@ def test_heads_not_dividing_fail_before_spawning(checkpoints):
 def test_vocab_or_mlp_not_dividing_fail_early(checkpoints):
     import dataclasses
 
-    from engine.config import ModelSpec
+    from engine.model_spec import ModelSpec
 
     spec = ModelSpec.from_hf_config(checkpoints["qwen3"])
     check_tp_shapes(spec, 4)

@@ -144,8 +144,8 @@ def test_decode_graph_buffers_on_cpu(checkpoints, hf_greedy, monkeypatch):
 def test_kv_sizing_from_measured_memory(checkpoints, monkeypatch):
     """The CUDA sizing path, run on a CPU with torch.cuda's memory queries faked: a scratch-cache
     forward of max_num_batched_tokens, then the control plane's num_kv_blocks on what is left."""
-    from engine.config import ModelSpec
     from engine.memory import kv_block_bytes
+    from engine.model_spec import ModelSpec
 
     gib = 1 << 30
     fake = {

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 import traces
-from engine.config import ModelSpec
+from engine.model_spec import ModelSpec
 from simulator.config import SimConfig
 from simulator.latency.roofline import RooflineModel
 from simulator.sim import batch_decisions, simulate

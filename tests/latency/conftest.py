@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine.config import ModelSpec
+from engine.model_spec import ModelSpec
 from engine.scheduler import ScheduledBatch, make_batch
 from engine.sequence import SamplingParams, Sequence
 

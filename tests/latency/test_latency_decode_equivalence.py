@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
-from engine.config import ModelSpec, SchedulerConfig
+from engine.config import SchedulerConfig
+from engine.model_spec import ModelSpec
 from engine.sequence import SamplingParams
 from simulator.fast_forward import FastForwardScheduler as Scheduler
 from simulator.fast_forward import accumulate_decode_times

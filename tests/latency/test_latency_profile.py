@@ -9,7 +9,7 @@ import re
 import pandas as pd
 import pytest
 
-from engine.config import ModelSpec
+from engine.model_spec import ModelSpec
 from simulator.latency import (
     FittedModel,
     LatencyProfile,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import ModelSpec
+from engine.model_spec import ModelSpec
 from engine.scheduler import make_batch
 from engine.sequence import SamplingParams, Sequence
 from simulator.latency import RooflineEfficiency, RooflineModel, StepShape, StepTime
