@@ -294,7 +294,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 def serve(llm, prompts: list[list[int]], output_lens: list[int], temperature: float) -> float:
     """One generate call of every prompt (EOS ignored); its wall time in seconds."""
-    from engine.sequence import SamplingParams
+    from engine.sampling_params import SamplingParams
 
     params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True) for n in output_lens]
     t = time.perf_counter()

@@ -14,7 +14,7 @@ from pathlib import Path
 from random import randint, seed
 
 from engine.llm import LLM
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.step_recorder import StepRecorder
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from random import randint, seed
 
 from engine.llm import LLM
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 
 def nano_vllm_workload(

@@ -16,7 +16,7 @@ from random import Random
 
 from engine.checkpoint import make_random_checkpoint
 from engine.llm import LLM
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 PRESET_ARCH = {"qwen3-0.6b": "qwen3", "qwen3-8b": "qwen3", "llama-3-8b": "llama", "tiny": "qwen3"}
 

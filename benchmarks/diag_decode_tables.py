@@ -29,7 +29,7 @@ from engine.checkpoint import make_random_checkpoint
 from engine.llm import LLM
 from engine.profiling import DECODE_STEPS, fill_shortest, spread_lengths
 from engine.replay import replay_trace
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 from traces.cli import load_trace_arg
 
 NUM_BLOCKS, BLOCK_SIZE = 8192, 16

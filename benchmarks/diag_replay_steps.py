@@ -28,7 +28,7 @@ from profile_prefill import fresh_prompt
 from engine.checkpoint import make_random_checkpoint
 from engine.llm import LLM
 from engine.replay import replay_trace
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 from traces.cli import load_trace_arg
 
 ONE = SamplingParams(temperature=0, ignore_eos=True, max_tokens=1)

@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from engine.checkpoint import make_random_checkpoint
 from engine.llm import LLM
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 
 def decode_until_steady(llm: LLM, num_seqs: int, prompt_len: int, max_tokens: int) -> None:

@@ -22,7 +22,7 @@ from profile_decode import kernel_table, print_kernels, random_llm  # benchmarks
 from torch.profiler import ProfilerActivity, profile
 
 from engine.llm import LLM
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 ONE_TOKEN = SamplingParams(temperature=0, ignore_eos=True, max_tokens=1)
 

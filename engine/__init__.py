@@ -7,8 +7,9 @@ Importing this package imports no torch; `engine.LLM` loads the data plane on fi
 from engine.block_manager import BlockManager
 from engine.config import CacheConfig, ParallelConfig, SchedulerConfig
 from engine.model_spec import ModelSpec
+from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.sequence import Sequence, SequenceStatus
 
 __all__ = [
     "LLM",

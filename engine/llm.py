@@ -31,8 +31,9 @@ from engine.layers.distributed import AllReduceTimer, time_all_reduces
 from engine.loader import read_hf_config
 from engine.model_runner import ModelRunner
 from engine.model_spec import ModelSpec
+from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler, can_run_ahead, schedules_ahead
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.sequence import Sequence, SequenceStatus
 from engine.step_recorder import StepRecorder
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

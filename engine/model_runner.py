@@ -31,8 +31,9 @@ from engine.model_spec import ModelSpec
 from engine.models import model_class
 from engine.piecewise import PiecewiseForward, SegmentBuffers, Segments, token_buckets
 from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, make_batch
-from engine.sequence import SamplingParams, Sequence
+from engine.sequence import Sequence
 from engine.staging import StagingRing
 
 DEFAULT_CPU_KV_BLOCKS = 512

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from engine.config import cdiv
 from engine.records import STEP_RECORD_COLUMNS
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 DECODE_STEPS = 40
 SHORT_KV_TOKENS = 131072  # the `short` phase's box: the cache the shipped profiles were measured in

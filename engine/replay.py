@@ -17,7 +17,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from engine.records import REQUEST_FIELDS, request_record
-from engine.sequence import SamplingParams, SequenceStatus
+from engine.sampling_params import SamplingParams
+from engine.sequence import SequenceStatus
 from traces.schema import synthetic_vocab_size
 
 

@@ -15,7 +15,8 @@ from operator import is_, not_
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig, cdiv
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence, SequenceStatus
 
 RUNNING = SequenceStatus.RUNNING
 _NO_TIME = object()  # a sentinel no token time is

@@ -5,28 +5,8 @@ Torch-free; ids come from the scheduler that admits the request, never from a cl
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one request's tokens and when to stop."""
-
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    max_tokens: int = 64
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature: must be >= 0, got {self.temperature}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"SamplingParams.top_k: must be -1 (off) or >= 1, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplingParams.top_p: must be in (0, 1], got {self.top_p}")
-        if self.max_tokens <= 0:
-            raise ValueError(f"SamplingParams.max_tokens: must be >= 1, got {self.max_tokens}")
+from engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -114,10 +94,6 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
-    def last_token_id(self) -> int:
-        return self.token_ids[-1]
-
-    @property
     def is_finished(self) -> bool:
         return self.status in (SequenceStatus.FINISHED, SequenceStatus.REJECTED)
 
@@ -126,4 +102,3 @@ class Sequence:
             f"Sequence(id={self.seq_id}, {self.status.value}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, blocks={self.block_table})"
         )
-

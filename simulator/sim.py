@@ -32,8 +32,9 @@ import pandas as pd
 import simpy
 
 from engine.records import request_record
+from engine.sampling_params import SamplingParams
 from engine.scheduler import can_run_ahead, follows, schedules_ahead
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.sequence import Sequence, SequenceStatus
 from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_lead, make_router
 from simulator.config import SimConfig
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times

@@ -13,8 +13,9 @@ from functools import partial
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig, cdiv
+from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.sequence import Sequence, SequenceStatus
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
 from simulator.lazy_blocks import LazyBlockManager
 

@@ -9,7 +9,8 @@ import pytest
 from cp_helpers import admit, block_tokens, make_scheduler, seq
 
 from engine.block_manager import BlockManager
-from engine.sequence import SamplingParams, Sequence
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
 
 GREEDY_ONE = SamplingParams(max_tokens=1, ignore_eos=True)
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config import cdiv
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 from simulator.fast_forward import _near_block_ends, accumulate_decode_times
 
 IGNORE_EOS = partial(SamplingParams, ignore_eos=True)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from cp_helpers import admit, allocation_state, batch_summary, block_manager_state, make_scheduler, seq
 
 from engine.block_manager import BlockManager
-from engine.sequence import SamplingParams, SequenceStatus
+from engine.sampling_params import SamplingParams
+from engine.sequence import SequenceStatus
 from simulator.lazy_blocks import LazyBlockManager
 
 

@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config import cdiv
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence, SequenceStatus
 
 VOCAB = 6  # tiny: sampled tokens often hit EOS (0) and repeat blocks of other requests
 FINISH_REASONS = {"length", "stop", "max_model_len", "kv_capacity"}

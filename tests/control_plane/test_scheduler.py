@@ -5,8 +5,9 @@ import pytest
 from cp_helpers import ManualClock, batch_summary, check_block_invariants, make_scheduler
 
 from engine.config import SchedulerConfig
+from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, make_batch
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.sequence import Sequence, SequenceStatus
 from simulator.fast_forward import FastForwardScheduler
 
 LONG = SamplingParams(max_tokens=100, ignore_eos=True)

@@ -10,7 +10,7 @@ import pytest
 from engine_helpers import CPU_ENGINE, MAX_NEW_TOKENS, make_prompts
 
 from engine.llm import LLM
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 SHAPE_COLUMNS = [

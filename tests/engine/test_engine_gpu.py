@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

@@ -90,7 +90,7 @@ def test_unknown_architecture_lists_supported():
 def test_sharded_checkpoint_loads(tmp_path):
     from engine.checkpoint import make_random_checkpoint
     from engine.llm import LLM
-    from engine.sequence import SamplingParams
+    from engine.sampling_params import SamplingParams
 
     path = make_random_checkpoint(tmp_path / "m", "llama", "tiny", max_shard_bytes=200_000, dtype="float32")
     index = json.loads((path / "model.safetensors.index.json").read_text())
@@ -107,7 +107,7 @@ def test_forward_without_kv_cache_is_a_clear_error(tmp_path):
     from engine.attention.metadata import build_step_inputs, set_forward_context
     from engine.checkpoint import make_random_checkpoint
     from engine.llm import LLM
-    from engine.sequence import SamplingParams
+    from engine.sampling_params import SamplingParams
 
     path = make_random_checkpoint(tmp_path / "m", "qwen3", "tiny", dtype="float32")
     with LLM(path, num_kv_blocks=32, device="cpu") as llm:

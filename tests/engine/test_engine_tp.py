@@ -14,7 +14,7 @@ from engine_helpers import CPU_ENGINE, MAX_NEW_TOKENS, make_prompts
 
 from engine.distributed import TEST_EXIT_CODE, TEST_EXIT_ENV, StepMessage, check_tp_shapes, resolve_port
 from engine.llm import LLM
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 # 78 blocks of 4 tokens: every request fits alone but not all at once (preemption); the prompts

@@ -20,7 +20,7 @@ from engine.attention.torch_sdpa import TorchSDPABackend
 from engine.envs import VARIABLES, KernelConfig
 from engine.layers import gemv, pdl
 from engine.model_runner import resolve_kernels
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 SWITCH_FIELDS = [v.field for v in VARIABLES.values() if v.kind == envs.SWITCH and v.field]
 

@@ -15,7 +15,7 @@ from engine_helpers import CPU_ENGINE, make_prompts, run_interpreted
 
 from engine.layers import head_argmax
 from engine.llm import LLM
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 pytest.importorskip("triton")
 

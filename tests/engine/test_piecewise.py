@@ -10,7 +10,7 @@ from engine.attention.metadata import build_step_inputs, set_forward_context
 from engine.envs import KernelConfig
 from engine.llm import LLM
 from engine.piecewise import PiecewiseForward, SegmentBuffers, Segments, token_buckets
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 
 
 def test_token_buckets():

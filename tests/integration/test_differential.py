@@ -41,7 +41,7 @@ def _engine_decisions(ckpt, trace, policy, num_blocks, async_scheduling=False, o
     """The engine's per-step decisions and per-request counts; with `overlapped` (a list), each
     recorded step's overlapped flag appended to it."""
     from engine.llm import LLM
-    from engine.sequence import SamplingParams
+    from engine.sampling_params import SamplingParams
 
     log = []
     with LLM(

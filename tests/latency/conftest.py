@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 
 from engine.model_spec import ModelSpec
+from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, make_batch
-from engine.sequence import SamplingParams, Sequence
+from engine.sequence import Sequence
 
 # Known coefficients of the synthetic step-time function (seconds per unit of each feature).
 # const, padded batch, context, max_seq_len, b*max, max_seq_len / splits (SPLIT_KV's, of the padded

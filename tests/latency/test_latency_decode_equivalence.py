@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.model_spec import ModelSpec
-from engine.sequence import SamplingParams
+from engine.sampling_params import SamplingParams
 from simulator.fast_forward import FastForwardScheduler as Scheduler
 from simulator.fast_forward import accumulate_decode_times
 from simulator.latency import LatencyModel, RooflineModel, StepShape

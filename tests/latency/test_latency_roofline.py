@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.model_spec import ModelSpec
+from engine.sampling_params import SamplingParams
 from engine.scheduler import make_batch
-from engine.sequence import SamplingParams, Sequence
+from engine.sequence import Sequence
 from simulator.latency import RooflineEfficiency, RooflineModel, StepShape, StepTime
 from simulator.latency.gpus import GpuSpec, get_gpu
 
