@@ -1,8 +1,5 @@
-"""Paged KV-cache block allocator with hash-chained prefix caching and LRU eviction.
-
-Torch-free bookkeeping (block ids, ref counts, hashes) that the engine's KV tensor and the simulator
-follow. Per-block state lives in flat lists indexed by block id: each operation on a block is O(1).
-"""
+"""Paged KV-cache block allocator with hash-chained prefix caching and LRU eviction. Torch-free: block
+ids, ref counts and hashes in flat lists indexed by block id, each operation on a block O(1)."""
 
 from __future__ import annotations
 
@@ -20,10 +17,8 @@ class BlockManager:
     """Allocates fixed-size blocks to sequences; caches full blocks by the hash of their prefix chain.
 
     The free list, front first, is `free_uncached` (a stack: its end is the front) then `free_cached`
-    (cached blocks, least recently freed first): allocation evicts a cached prefix only once no
-    uncached block is left. A hit on a free cached block leaves its `free_cached` entry behind,
-    counted in `_num_stale` and skipped when it reaches the front.
-    """
+    (cached blocks, least recently freed first), so a cached prefix is evicted only once no uncached
+    block is left. A hit on a free cached block leaves a stale entry there (`_num_stale`), skipped."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         if num_blocks <= 0:
@@ -53,10 +48,6 @@ class BlockManager:
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
-
-    @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -110,7 +101,7 @@ class BlockManager:
         return self._extend_hash_chain(seq.block_hashes, seq.token_ids, num_blocks)
 
     def _extend_hash_chain(self, hashes: list[int], tokens: list[int], num_blocks: int) -> list[int]:
-        """Extend `hashes`, the memo of the hash chain over the full blocks of `tokens`, to `num_blocks`."""
+        """Extend `hashes`, the hash chain over the full blocks of `tokens`, to `num_blocks`."""
         bs = self.block_size
         start, end = len(hashes) * bs, num_blocks * bs
         if start >= end:
@@ -127,8 +118,8 @@ class BlockManager:
         return hashes
 
     def lookup_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids of the longest cached prefix of `seq`, leaving at least one token to compute.
-        Only the first block is hashed unless it hits (it mostly misses)."""
+        """Block ids of the longest cached prefix of `seq`, leaving at least one token to compute
+        (the first block is hashed alone unless it hits)."""
         if not self.enable_prefix_caching:
             return []
         bs = self.block_size
@@ -252,13 +243,9 @@ class BlockManager:
 
     # ---- registration ---------------------------------------------------------------------------
     def cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Register the blocks that are full once the first `num_tokens` tokens of `seq` are computed.
-
-        As in vLLM v1 this happens at allocation, for the tokens the coming step computes: a request
-        scheduled later in the same step may hit them, because every layer stores its KV before it
-        attends. A full block whose hash is already registered (a copy of a cached block) stays
-        unregistered.
-        """
+        """Register the blocks that are full once the first `num_tokens` tokens of `seq` are computed:
+        at allocation, as in vLLM v1, so a request later in the same step may hit them. A copy of a
+        registered block stays unregistered."""
         num_full = num_tokens // self.block_size
         hashes, tokens = self.block_hashes(seq, num_full), seq.token_ids
         table, setdefault = seq.block_table, self._hash_to_block_id.setdefault

@@ -1,6 +1,5 @@
 """Configuration of the KV cache, the scheduler and parallelism: small frozen dataclasses, validated
-on construction. The model's shapes are engine/model_spec.py's, its memory sizing engine/memory.py's.
-"""
+on construction. The model's shapes are engine/model_spec.py's, its memory sizing engine/memory.py's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The scheduler: which requests compute how many tokens in the next step, and what happens after it.
-Torch-free; the engine and the simulator drive this same class, differing only in the injected clock.
-"""
+Torch-free; the engine and the simulator drive this same class, differing only in the injected clock."""
 
 from __future__ import annotations
 
@@ -65,28 +64,26 @@ def make_batch(
     num_kv_blocks_used: int,
     num_leading_decodes: int = 0,
 ) -> ScheduledBatch:
-    """Build a ScheduledBatch and its totals from the per-sequence grants of one step; the first
-    `num_leading_decodes` grants are known to be plain decodes (one token that completes the
-    sequence, no prefix hit), so only the rest are inspected."""
+    """Build a ScheduledBatch and its totals from one step's grants; the first `num_leading_decodes`
+    are plain decodes (one token that completes the sequence, no prefix hit): only the rest are read."""
     k = num_leading_decodes
-    if k == len(seqs) and seqs:
-        return _decode_batch(seqs, computed, preempted, num_kv_blocks_used)
     tail_prefill: list[bool] = []
     tail_sample: list[bool] = []
     prefill_terms: list[float] = []  # new * (computed + (new + 1) / 2) of each prefill
-    num_prefill_tokens = 0
-    max_seq_len = max(computed[:k]) + 1 if k else 0  # with prefills: max of computed + new
-    for seq, c, n in zip(seqs[k:], computed[k:], num_new[k:]):
-        sample = c + n == len(seq.token_ids)
-        tail_sample.append(sample)
-        if n > 1 or not sample:
-            tail_prefill.append(True)
-            prefill_terms.append(n * (c + (n + 1) / 2))
-            num_prefill_tokens += n
-        else:
-            tail_prefill.append(False)
-        if c + n > max_seq_len:
-            max_seq_len = c + n
+    num_prefill_tokens = max_seq_len = 0
+    if k < len(seqs):
+        max_seq_len = max(computed[:k]) + 1 if k else 0  # with prefills: max of computed + new
+        for seq, c, n in zip(seqs[k:], computed[k:], num_new[k:]):
+            sample = c + n == len(seq.token_ids)
+            tail_sample.append(sample)
+            if n > 1 or not sample:
+                tail_prefill.append(True)
+                prefill_terms.append(n * (c + (n + 1) / 2))
+                num_prefill_tokens += n
+            else:
+                tail_prefill.append(False)
+            if c + n > max_seq_len:
+                max_seq_len = c + n
     num_prefill_seqs = len(prefill_terms)
     if num_prefill_seqs:
         kind = "prefill" if num_prefill_seqs == len(seqs) else "mixed"
@@ -110,31 +107,6 @@ def make_batch(
         num_context_tokens=sum(computed),
         max_seq_len=max_seq_len,
         prefill_attn_work=float(sum(prefill_terms)) if num_prefill_seqs else 0.0,
-    )
-
-
-def _decode_batch(
-    seqs: list[Sequence], computed: list[int], preempted: list[int], num_kv_blocks_used: int
-) -> ScheduledBatch:
-    """make_batch for a step of plain decodes only (the hot path)."""
-    n = len(seqs)
-    return ScheduledBatch(
-        seqs=tuple(seqs),
-        num_scheduled_tokens=(1,) * n,
-        num_computed_tokens=tuple(computed),
-        is_prefill=(False,) * n,
-        do_sample=(True,) * n,
-        num_cached_tokens=(0,) * n,
-        preempted_seq_ids=tuple(preempted),
-        num_kv_blocks_used=num_kv_blocks_used,
-        kind="decode",
-        num_prefill_seqs=0,
-        total_num_scheduled_tokens=n,
-        num_prefill_tokens=0,
-        total_num_cached_tokens=0,
-        num_context_tokens=sum(computed),
-        max_seq_len=max(computed) + 1,
-        prefill_attn_work=0.0,
     )
 
 
@@ -221,8 +193,7 @@ class Scheduler:
         return seq
 
     def rejection_reason(self, n: int) -> str | None:
-        """Why a prompt of `n` tokens can never run here (a finish reason), or None. Reads no token:
-        a simulator asks it before building a prompt."""
+        """Why a prompt of `n` tokens can never run here (a finish reason), or None; reads no token."""
         bm = self.block_manager
         if n > self.config.max_model_len:
             return "rejected_prompt_too_long"
@@ -314,9 +285,8 @@ class Scheduler:
 
     # ---- helpers shared by the policies ---------------------------------------------------------
     def _schedule_running(self, step: _StepBuilder) -> None:
-        """Grant each running sequence its pending tokens (1 for a decode) in order, preempting the
-        newest running sequences (recompute) when blocks run out. The grants stop at the first refusal,
-        so they are a prefix of `running`: usually plain decodes (granted in bulk), then a few others."""
+        """Grant each running sequence its pending tokens in order (a prefix of `running`: usually plain
+        decodes, granted in bulk, then a few others), preempting the newest when blocks run out."""
         running = iter(self.running)
         if not step.seqs:
             first_other = self._schedule_leading_decodes(step, running)
@@ -374,9 +344,8 @@ class Scheduler:
         step.budget = budget
 
     def _grant_blocks(self, seq: Sequence, num_tokens: int, step: _StepBuilder, num_pending: int) -> bool:
-        """Give `seq` the blocks that `num_tokens` computed tokens need, preempting when blocks run
-        out, and register the full blocks of all but its last `num_pending` tokens; False when `seq`
-        cannot run this step."""
+        """Give `seq` the blocks that `num_tokens` computed tokens need, preempting when they run out,
+        and register the full blocks of all but its last `num_pending` tokens; False if it cannot run."""
         bm = self.block_manager
         num_slots = len(seq.block_table) * bm.block_size
         if num_tokens > num_slots:
@@ -388,27 +357,22 @@ class Scheduler:
         return True
 
     def _register_known(self, seq: Sequence, num_tokens: int) -> None:
-        """Register the blocks that the first `num_tokens` tokens of `seq` fill.
-
-        Only tokens whose values the host has: not a decode's pending token (the sample of the step
-        before, which an engine scheduling ahead lacks). The block a decode fills is registered one
-        step later, by the decode that opens the next block, or at finish or preemption (`_release`).
-        """
+        """Register the blocks that the first `num_tokens` tokens of `seq` fill: never by a decode's
+        pending token (the last step's sample, which an engine scheduling ahead lacks), so the block a
+        decode fills is registered by the next decode, or at finish or preemption (`_release`)."""
         bm = self.block_manager
         if bm.enable_prefix_caching and num_tokens // bm.block_size > seq.num_cached_blocks:
             bm.cache_full_blocks(seq, num_tokens)
 
     def _release(self, seq: Sequence) -> None:
-        """Free the blocks of `seq` (finished or preempted), first registering those its computed
-        tokens fill."""
+        """Free the blocks of `seq` (finished or preempted), first registering those it filled."""
         self._register_known(seq, seq.num_computed_tokens)
         self.block_manager.free(seq)
 
     def schedule_reads_no_token_values(self) -> bool:
         """Whether the next `schedule()` reads no value of the running requests' last tokens, so that
-        it may run before they are known (async scheduling). It would where a request waits
-        (admission looks prefixes up) or a decode opens a block the free list cannot give (preemption:
-        the victim could be admitted again in the same step)."""
+        it may run before they are known (async scheduling): no request waits (admission looks prefixes
+        up) and no decode opens a block the free list cannot give (a preempted victim could re-enter)."""
         if self.waiting or not self.running:
             return False
         bs = self.block_manager.block_size
@@ -443,9 +407,8 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _admit_waiting(self, step: _StepBuilder, chunk_first_only: bool) -> None:
-        """Admit waiting requests in FIFO order while budget, sequence slots and blocks last. With
-        `chunk_first_only` (nano-vllm) only the first prefill of the step may be cut to the budget;
-        otherwise (vLLM v1) the last admitted prefill takes whatever budget is left."""
+        """Admit waiting requests in FIFO order while budget, sequence slots and blocks last; only the
+        first may be chunked if `chunk_first_only` (nano-vllm), else the last takes what is left (vLLM)."""
         bm, waiting, bs = self.block_manager, self.waiting, self.block_manager.block_size
         max_num_seqs = self.config.max_num_seqs
         while waiting and step.budget > 0 and len(self.running) < max_num_seqs:
@@ -487,8 +450,7 @@ def follows(prev_seqs: Seq[Sequence], seqs: Seq[Sequence]) -> bool:
 
 def schedules_ahead(prev_seqs: Seq[Sequence], batch: ScheduledBatch) -> bool:
     """Async scheduling: whether `batch`, scheduled while a step of `prev_seqs` that `can_run_ahead`
-    still runs, is launched behind it (its input tokens are that step's first samples, on the
-    device); else it waits for that step's tokens. Both clocks decide overlap with this."""
+    runs, is launched behind it (its inputs are that step's samples, on the device) or waits for it."""
     return can_run_ahead(batch) and follows(prev_seqs, batch.seqs)
 
 

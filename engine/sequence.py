@@ -1,6 +1,5 @@
 """A request as the control plane sees it: token ids, vLLM's token-count model, block table, timestamps.
-Torch-free; ids come from the scheduler that admits the request, never from a class-level counter.
-"""
+Torch-free; ids come from the scheduler that admits the request, never from a class-level counter."""
 
 from __future__ import annotations
 
