@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from engine.core.scheduler import ScheduledBatch, make_batch
+from engine.core.sequence import Sequence
 from engine.model_spec import ModelSpec
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, make_batch
-from engine.sequence import Sequence
 
 # Known coefficients of the synthetic step-time function (seconds per unit of each feature).
 # const, padded batch, context, max_seq_len, b*max, max_seq_len / splits (SPLIT_KV's, of the padded
@@ -184,6 +184,25 @@ def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
         "fitted-balanced-floored": FittedModel(
             _with_longest_split(fitted.decode), fitted.prefill, GMAX, split_kv=balanced, floors=floors
         ),
+        **_transferred_models(model),
+    }
+
+
+def _transferred_models(model: ModelSpec) -> dict:
+    """The shipped transferred model: today's engine's kernel (balanced splits) on the H200, the
+    overlapped view of it, and the unbalanced kernel at TP 2 on an H100."""
+    from simulator.defaults import TRANSFER_MODEL
+    from simulator.latency import SplitKV
+    from simulator.latency.transfer import TransferCoefficients, TransferredModel
+
+    c = TransferCoefficients.load(TRANSFER_MODEL)
+    balanced = TransferredModel(c, model, "h200", block_size=16)
+    unbalanced_kernel = SplitKV(num_kv_heads=model.num_kv_heads // 2, num_sms=132)
+    unbalanced = TransferredModel(c, model, "h100", tp=2, block_size=256, split_kv=unbalanced_kernel)
+    return {
+        "transferred": balanced,
+        "transferred-overlapped": balanced.overlapped_model(),
+        "transferred-h100-tp2": unbalanced,
     }
 
 
