@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.block_manager import BlockManager  # noqa: E402
-from engine.config import SchedulerConfig, cdiv  # noqa: E402
+from engine.core.block_manager import BlockManager  # noqa: E402
+from engine.core.config import SchedulerConfig, cdiv  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from simulator.fast_forward import FastForwardScheduler as Scheduler  # noqa: E402
 from simulator.fast_forward import accumulate_decode_times  # noqa: E402

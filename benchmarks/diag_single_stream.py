@@ -32,10 +32,10 @@ import torch
 
 from engine.attention.metadata import build_step_inputs
 from engine.checkpoint import make_random_checkpoint
+from engine.core.scheduler import ScheduledBatch
 from engine.llm import LLM
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch
 
 
 def per_repeat_us(fn, repeats: int) -> float:

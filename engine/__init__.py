@@ -4,12 +4,12 @@ with the simulator, and a torch data plane (models, attention, model runner) tha
 Importing this package imports no torch; `engine.LLM` loads the data plane on first use.
 """
 
-from engine.block_manager import BlockManager
-from engine.config import CacheConfig, ParallelConfig, SchedulerConfig
+from engine.core.block_manager import BlockManager
+from engine.core.config import CacheConfig, ParallelConfig, SchedulerConfig
+from engine.core.scheduler import ScheduledBatch, Scheduler
+from engine.core.sequence import Sequence, SequenceStatus
 from engine.model_spec import ModelSpec
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sequence import Sequence, SequenceStatus
 
 __all__ = [
     "LLM",

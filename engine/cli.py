@@ -10,7 +10,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from engine.config import POLICIES
+from engine.core.config import POLICIES
 
 PRESET_ARCH = {"qwen3-0.6b": "qwen3", "qwen3-8b": "qwen3", "llama-3-8b": "llama", "tiny": "qwen3"}
 

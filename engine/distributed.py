@@ -23,10 +23,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine import envs
+from engine.core.scheduler import ScheduledBatch
 from engine.memory import check_tp
 from engine.model_spec import ModelSpec
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch
 
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PORT_ENV = "KVPLAN_TP_PORT"  # rendezvous port when none is passed (default: a free one; engine/envs.py)

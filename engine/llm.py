@@ -22,8 +22,10 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.attention import select_backend
-from engine.block_manager import BlockManager
-from engine.config import CacheConfig, ParallelConfig, SchedulerConfig
+from engine.core.block_manager import BlockManager
+from engine.core.config import CacheConfig, ParallelConfig, SchedulerConfig
+from engine.core.scheduler import ScheduledBatch, Scheduler, can_run_ahead, schedules_ahead
+from engine.core.sequence import Sequence, SequenceStatus
 from engine.decode_splits import split_block, split_unit
 from engine.distributed import MultiprocExecutor, check_tp_shapes, rank_device
 from engine.envs import KernelConfig
@@ -32,8 +34,6 @@ from engine.loader import read_hf_config
 from engine.model_runner import ModelRunner
 from engine.model_spec import ModelSpec
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler, can_run_ahead, schedules_ahead
-from engine.sequence import Sequence, SequenceStatus
 from engine.step_recorder import StepRecorder
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

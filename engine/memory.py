@@ -4,7 +4,7 @@ Pure functions of a `ModelSpec` that the engine, the simulator and the dashboard
 
 from __future__ import annotations
 
-from engine.config import cdiv
+from engine.core.config import cdiv
 from engine.model_spec import ModelSpec, dtype_bytes
 
 GRAPH_MEMORY_RESERVE = 512 << 20  # bytes the engine keeps back for its decode CUDA graphs' pool

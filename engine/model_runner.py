@@ -19,7 +19,9 @@ import torch
 
 from engine.attention import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
-from engine.config import cdiv
+from engine.core.config import cdiv
+from engine.core.scheduler import ScheduledBatch, make_batch
+from engine.core.sequence import Sequence
 from engine.envs import KernelConfig
 from engine.kv_cache import KVCache
 from engine.layers import argmax, gemv, graph_inputs, head_argmax, pdl, triton_ops
@@ -32,8 +34,6 @@ from engine.models import model_class
 from engine.piecewise import PiecewiseForward, SegmentBuffers, Segments, token_buckets
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, make_batch
-from engine.sequence import Sequence
 from engine.staging import StagingRing
 
 DEFAULT_CPU_KV_BLOCKS = 512

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import check_positive
+from engine.core.config import check_positive
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 

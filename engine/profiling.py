@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from engine.config import cdiv
+from engine.core.config import cdiv
 from engine.records import STEP_RECORD_COLUMNS
 from engine.sampling_params import SamplingParams
 
@@ -344,7 +344,7 @@ def _run(engine, w: Workload, rng: np.random.Generator, vocab: int, corpus: Corp
     # Mixed: decodes running, then new requests join, each prompt chunked into the steps.
     for p in prompts:
         engine.add_request(p, params)
-    sched = engine.scheduler
+    sched = engine.core.scheduler
     while sched.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in sched.running):
         engine.step()
     join = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
@@ -372,9 +372,9 @@ class PlanEngine:
     scheduled while the step before them runs (`LLM.step`). Records each step's shape (PLAN_COLUMNS)."""
 
     def __init__(self, limits: SweepLimits, eos_token_id: int | None, vocab: int) -> None:
-        from engine.block_manager import BlockManager
-        from engine.config import SchedulerConfig
-        from engine.scheduler import Scheduler
+        from engine.core.block_manager import BlockManager
+        from engine.core.config import SchedulerConfig
+        from engine.core.scheduler import Scheduler
 
         cfg = SchedulerConfig(
             limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len, limits.policy
@@ -395,7 +395,7 @@ class PlanEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list:
-        from engine.scheduler import can_run_ahead, schedules_ahead
+        from engine.core.scheduler import can_run_ahead, schedules_ahead
 
         sched, ahead = self.scheduler, self._ahead
         reads_none = ahead is not None and sched.schedule_reads_no_token_values()

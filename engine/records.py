@@ -6,7 +6,7 @@ Torch-free column lists and a row builder; not part of the control plane, which 
 
 from __future__ import annotations
 
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 
 # One row per engine step: the batch totals, plus how the step ran and what it cost.
 STEP_RECORD_COLUMNS = (

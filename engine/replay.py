@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from engine.core.sequence import SequenceStatus
 from engine.records import REQUEST_FIELDS, request_record
 from engine.sampling_params import SamplingParams
-from engine.sequence import SequenceStatus
 from traces.schema import synthetic_vocab_size
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from engine.core.scheduler import ScheduledBatch
 from engine.records import STEP_RECORD_COLUMNS
-from engine.scheduler import ScheduledBatch
 
 COLUMNS = STEP_RECORD_COLUMNS
 _RESOLVE_EVERY = 64  # steps between resolving CUDA events (long done by then): timers are reused

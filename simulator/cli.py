@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from engine.config import POLICIES
+from engine.core.config import POLICIES
 from simulator.config import ROUTERS
 from simulator.defaults import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, default_profile
 from traces.cli import check_out_dir, load_trace_arg

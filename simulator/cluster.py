@@ -7,8 +7,8 @@ state; they never schedule.
 
 from __future__ import annotations
 
+from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 
 
 class Router:

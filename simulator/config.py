@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import CacheConfig, SchedulerConfig
+from engine.core.config import CacheConfig, SchedulerConfig
 from engine.memory import check_tp, default_num_kv_blocks
 from engine.model_spec import ModelSpec
 

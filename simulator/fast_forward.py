@@ -13,9 +13,9 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from operator import attrgetter, sub
 
-from engine.block_manager import ROOT_HASH
-from engine.scheduler import _NO_TIME, ChunkedPolicy, ScheduledBatch, Scheduler, _stop_reason
-from engine.sequence import Sequence, SequenceStatus
+from engine.core.block_manager import ROOT_HASH
+from engine.core.scheduler import _NO_TIME, ChunkedPolicy, ScheduledBatch, Scheduler, _stop_reason
+from engine.core.sequence import Sequence, SequenceStatus
 from simulator.lazy_blocks import LazyBlockManager
 
 RUNNING = SequenceStatus.RUNNING

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence
 
 
 class _LazyChain:

@@ -87,7 +87,7 @@ def _seconds(value: str, part: str) -> float:
 
 
 # Finish reasons: served to the end, cut short (counted as finished, and truncated), or rejected at
-# arrival (not finished). engine.scheduler gives rejections one of REJECTED_REASONS; replays written
+# arrival (not finished). engine.core.scheduler gives rejections one of REJECTED_REASONS; replays written
 # before that carry "rejected: <detail>", which is_rejected also takes.
 SERVED_REASONS = ("length", "stop")
 TRUNCATED_REASONS = ("max_model_len", "kv_capacity")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine.config import POLICIES
+from engine.core.config import POLICIES
 from simulator.cli import add_sim_arguments, sim_config_from_args
 from simulator.config import ROUTERS
 from simulator.defaults import DEFAULT_MODEL, DEFAULT_TRACE

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.block_manager import ROOT_HASH
+from engine.core.block_manager import ROOT_HASH
 from simulator.config import SimConfig
 from simulator.metrics import SLO
 from simulator.sim import SIM_TOKEN_ID, SimRun

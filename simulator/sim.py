@@ -31,10 +31,10 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from engine.core.scheduler import can_run_ahead, follows, schedules_ahead
+from engine.core.sequence import Sequence, SequenceStatus
 from engine.records import request_record
 from engine.sampling_params import SamplingParams
-from engine.scheduler import can_run_ahead, follows, schedules_ahead
-from engine.sequence import Sequence, SequenceStatus
 from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_lead, make_router
 from simulator.config import SimConfig
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times

@@ -314,7 +314,7 @@ def _check_axis_value(axis: str, v: Any) -> None:
     elif axis == "router" and v not in ROUTERS:
         raise ValueError(f"grid.router: {v!r} is not one of {list(ROUTERS)}")
     elif axis == "policy":
-        from engine.config import POLICIES
+        from engine.core.config import POLICIES
 
         if v not in POLICIES:
             raise ValueError(f"grid.policy: {v!r} is not one of {list(POLICIES)}")

@@ -16,7 +16,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from engine.scheduler import ScheduledBatch
+from engine.core.scheduler import ScheduledBatch
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from engine.scheduler import ScheduledBatch
+from engine.core.scheduler import ScheduledBatch
 from simulator.fast_forward import accumulate_decode_times
 
 KINDS = ("prefill", "decode", "mixed", "empty")

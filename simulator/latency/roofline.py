@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from engine.config import cdiv
+from engine.core.config import cdiv
 from engine.memory import check_tp, kv_bytes_per_token, param_bytes, param_count
 from engine.model_spec import ModelSpec, dtype_bytes
 from simulator.latency.base import (

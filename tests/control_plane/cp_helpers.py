@@ -11,11 +11,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 
-from engine.block_manager import BlockManager
-from engine.config import SchedulerConfig, cdiv
+from engine.core.block_manager import BlockManager
+from engine.core.config import SchedulerConfig, cdiv
+from engine.core.scheduler import ScheduledBatch
+from engine.core.sequence import Sequence, SequenceStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch
-from engine.sequence import Sequence, SequenceStatus
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
 from simulator.lazy_blocks import LazyBlockManager
 

@@ -8,9 +8,9 @@ without a cached prefix go to the front and cached ones to the back; allocation 
 import pytest
 from cp_helpers import admit, block_tokens, make_scheduler, seq
 
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 
 GREEDY_ONE = SamplingParams(max_tokens=1, ignore_eos=True)
 

@@ -1,4 +1,4 @@
-"""ModelSpec from HF config.json, the pure sizing functions and config validation (engine/config.py, engine/memory.py).
+"""ModelSpec from HF config.json, the pure sizing functions and config validation (engine/core/config.py, engine/memory.py).
 
 Expected numbers are derived by hand in each test from the published shapes, never by calling the
 function under test twice.
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from engine.config import CacheConfig, ParallelConfig, SchedulerConfig, cdiv
+from engine.core.config import CacheConfig, ParallelConfig, SchedulerConfig, cdiv
 from engine.memory import check_tp, kv_bytes_per_token, kv_free_bytes, num_kv_blocks, param_bytes, param_count
 from engine.model_spec import ModelSpec, dtype_bytes
 

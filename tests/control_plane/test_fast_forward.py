@@ -29,7 +29,7 @@ from cp_helpers import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import cdiv
+from engine.core.config import cdiv
 from engine.sampling_params import SamplingParams
 from simulator.fast_forward import _near_block_ends, accumulate_decode_times
 

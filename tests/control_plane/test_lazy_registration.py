@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from cp_helpers import admit, allocation_state, batch_summary, block_manager_state, make_scheduler, seq
 
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import SequenceStatus
 from engine.sampling_params import SamplingParams
-from engine.sequence import SequenceStatus
 from simulator.lazy_blocks import LazyBlockManager
 
 

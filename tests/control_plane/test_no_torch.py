@@ -9,7 +9,13 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CONTROL_PLANE = ("engine.config", "engine.sequence", "engine.block_manager", "engine.scheduler")
+CONTROL_PLANE = (
+    "engine.core",
+    "engine.core.config",
+    "engine.core.sequence",
+    "engine.core.block_manager",
+    "engine.core.scheduler",
+)
 ALLOWED_OUTSIDE = {"engine.sampling_params"}  # the request's sampling parameters (nano-vllm, vLLM)
 LINE_BUDGET = 1000
 
@@ -29,10 +35,10 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
 
     import engine
-    import engine.block_manager
-    import engine.config
-    import engine.scheduler
-    import engine.sequence
+    import engine.core.block_manager
+    import engine.core.config
+    import engine.core.scheduler
+    import engine.core.sequence
     from engine import BlockManager, SamplingParams, Scheduler, SchedulerConfig
 
     t = [0.0]

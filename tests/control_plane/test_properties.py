@@ -27,9 +27,9 @@ from cp_helpers import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import cdiv
+from engine.core.config import cdiv
+from engine.core.sequence import Sequence, SequenceStatus
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence, SequenceStatus
 
 VOCAB = 6  # tiny: sampled tokens often hit EOS (0) and repeat blocks of other requests
 FINISH_REASONS = {"length", "stop", "max_model_len", "kv_capacity"}

@@ -4,10 +4,10 @@ recompute, rejection, finish reasons, timestamps from the injected clock and ITL
 import pytest
 from cp_helpers import ManualClock, batch_summary, check_block_invariants, make_scheduler
 
-from engine.config import SchedulerConfig
+from engine.core.config import SchedulerConfig
+from engine.core.scheduler import Scheduler, make_batch
+from engine.core.sequence import Sequence, SequenceStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, make_batch
-from engine.sequence import Sequence, SequenceStatus
 from simulator.fast_forward import FastForwardScheduler
 
 LONG = SamplingParams(max_tokens=100, ignore_eos=True)

@@ -15,10 +15,10 @@ from engine.attention.fa2 import FlashAttnBackend
 from engine.attention.fa4 import FlashAttnCuteBackend
 from engine.attention.metadata import build_step_inputs
 from engine.attention.torch_sdpa import TorchSDPABackend
+from engine.core.scheduler import make_batch
+from engine.core.sequence import Sequence
 from engine.kv_cache import store_kv_cache
 from engine.sampling_params import SamplingParams
-from engine.scheduler import make_batch
-from engine.sequence import Sequence
 
 H, HKV, D = 4, 2, 16
 

@@ -125,8 +125,8 @@ def test_step_message_rebuilds_the_runner_inputs():
     import pickle
 
     from engine.attention.metadata import build_step_inputs
-    from engine.scheduler import make_batch
-    from engine.sequence import Sequence
+    from engine.core.scheduler import make_batch
+    from engine.core.sequence import Sequence
 
     seqs = [Sequence(i, list(range(10 * i, 10 * i + n)), GREEDY) for i, n in enumerate([9, 7, 12, 5])]
     for i, s in enumerate(seqs):

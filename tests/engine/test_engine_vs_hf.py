@@ -9,9 +9,9 @@ import pytest
 import torch
 from engine_helpers import CPU_ENGINE, MAX_NEW_TOKENS, make_prompts
 
+from engine.core.scheduler import make_batch
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from engine.scheduler import make_batch
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 

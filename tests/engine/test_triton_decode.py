@@ -17,10 +17,10 @@ from engine_helpers import run_interpreted
 
 from engine.attention.metadata import AttentionMetadata, build_step_inputs
 from engine.attention.torch_sdpa import TorchSDPABackend
+from engine.core.scheduler import make_batch
+from engine.core.sequence import Sequence
 from engine.kv_cache import store_kv_cache
 from engine.sampling_params import SamplingParams
-from engine.scheduler import make_batch
-from engine.sequence import Sequence
 
 pytest.importorskip("triton")
 

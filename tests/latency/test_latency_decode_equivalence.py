@@ -8,8 +8,8 @@ from functools import partial
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
-from engine.config import SchedulerConfig
+from engine.core.block_manager import BlockManager
+from engine.core.config import SchedulerConfig
 from engine.model_spec import ModelSpec
 from engine.sampling_params import SamplingParams
 from simulator.fast_forward import FastForwardScheduler as Scheduler
@@ -199,8 +199,8 @@ def test_decode_context_tokens_of_mixed_batches() -> None:
     the sum over decodes for any batch-like object whose totals do not add up."""
     from types import SimpleNamespace
 
-    from engine.scheduler import make_batch
-    from engine.sequence import Sequence
+    from engine.core.scheduler import make_batch
+    from engine.core.sequence import Sequence
     from simulator.latency.base import decode_context_tokens
 
     params = SamplingParams(max_tokens=100, ignore_eos=True)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from engine.core.scheduler import make_batch
+from engine.core.sequence import Sequence
 from engine.model_spec import ModelSpec
 from engine.sampling_params import SamplingParams
-from engine.scheduler import make_batch
-from engine.sequence import Sequence
 from simulator.latency import RooflineEfficiency, RooflineModel, StepShape, StepTime
 from simulator.latency.gpus import GpuSpec, get_gpu
 

@@ -77,7 +77,7 @@ def test_rejected_prompts_are_not_built_and_change_nothing(
 
 
 def test_skipped_rows_are_none_and_the_rest_unchanged(long_prompts, small_config):
-    from engine.block_manager import BlockManager
+    from engine.core.block_manager import BlockManager
     from simulator.fast_forward import FastForwardScheduler
 
     config = small_config(max_model_len=2048, num_kv_blocks=100)

@@ -105,9 +105,9 @@ def test_model_too_big_for_the_gpu_is_a_clear_error():
 
 
 def test_reset_prefix_cache_forgets_every_prefix():
-    from engine.block_manager import BlockManager
+    from engine.core.block_manager import BlockManager
+    from engine.core.sequence import Sequence
     from engine.sampling_params import SamplingParams
-    from engine.sequence import Sequence
 
     bm = BlockManager(8, 4)
     seq = Sequence(0, list(range(10)), SamplingParams())

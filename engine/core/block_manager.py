@@ -7,8 +7,8 @@ from collections import deque
 from collections.abc import Iterable
 from itertools import islice
 
-from engine.config import cdiv
-from engine.sequence import Sequence
+from engine.core.config import cdiv
+from engine.core.sequence import Sequence
 
 ROOT_HASH = 0x6B76706C616E  # chain seed for a sequence's first block
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from itertools import chain, compress, islice
 from operator import is_, not_
 
-from engine.block_manager import BlockManager
-from engine.config import SchedulerConfig, cdiv
+from engine.core.block_manager import BlockManager
+from engine.core.config import SchedulerConfig, cdiv
+from engine.core.sequence import Sequence, SequenceStatus
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence, SequenceStatus
 
 RUNNING = SequenceStatus.RUNNING
 _NO_TIME = object()  # a sentinel no token time is
