@@ -344,7 +344,7 @@ def _run(engine, w: Workload, rng: np.random.Generator, vocab: int, corpus: Corp
     # Mixed: decodes running, then new requests join, each prompt chunked into the steps.
     for p in prompts:
         engine.add_request(p, params)
-    sched = engine.core.scheduler
+    sched = engine.scheduler
     while sched.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in sched.running):
         engine.step()
     join = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
