@@ -276,6 +276,54 @@ class LaggedDecodeTimes:
         return times
 
 
+class HostFirstDecodeTimes:
+    """Async scheduling: the decode times of a run whose first step is scheduled once the step before
+    has ended (it pays the host: `first`, the latency model's `decode_step_time`) and whose others
+    are scheduled ahead (`rest`, a `LaggedDecodeTimes` of the overlapped view), as stepping would
+    run them: that step, then the run that `postprocess_and_fast_forward` would run after it. The
+    run goes past its first step only where stepping's would in the same segment: `allow_rest` (no
+    request in the inbox that the next step's scheduler sees first), no wait in SimPy at the step's
+    end (the replica's SimPy time `now` stays before `wait_at`) and no timeline sample due there
+    (`last_sample`, `interval`). Keeps the times it returned last and its first step's time."""
+
+    __slots__ = (
+        "first",
+        "rest",
+        "times",
+        "first_s",
+        "now",
+        "wait_at",
+        "last_sample",
+        "interval",
+        "allow_rest",
+    )
+
+    def __init__(self, first, rest: LaggedDecodeTimes) -> None:
+        self.first = first
+        self.rest = rest
+        self.times: list[float] = []
+        self.first_s = 0.0
+        self.now = self.wait_at = self.last_sample = self.interval = 0.0
+        self.allow_rest = False
+
+    def __call__(self, num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline):
+        step_s = self.first_s = self.first(num_seqs, num_context_tokens, max_seq_len)
+        t = start + step_s
+        times = [start, t]
+        now = self.now
+        if (
+            max_steps > 1
+            and self.allow_rest
+            and now + max(0.0, t - now) < self.wait_at
+            and t - self.last_sample < self.interval
+        ):
+            times += self.rest(
+                num_seqs, num_context_tokens + num_seqs, max_seq_len + 1, max_steps - 1, t, deadline
+            )[1:]
+        self.times = times
+        return times
+
+
 class Replica:
     """One engine: a Scheduler over a BlockManager, advanced by the latency model's step times."""
 
@@ -307,6 +355,7 @@ class Replica:
         self._deferred_seqs: tuple[Sequence, ...] | list[Sequence] | None = None
         self._lagged = LaggedDecodeTimes(self.decode_times)
         self._lagged_overlapped = LaggedDecodeTimes(_decode_times(self.overlapped_latency))
+        self._host_first = HostFirstDecodeTimes(latency.decode_step_time, self._lagged_overlapped)
         self.clock = 0.0  # exact simulated time of this replica; env.now follows it
         self.block_manager = LazyBlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = FastForwardScheduler(config.scheduler_config(), self.block_manager, clock=self._now)
@@ -419,12 +468,13 @@ class Replica:
         pending_overlapped = False  # async: that run's steps were scheduled ahead
         count_run = getattr(self.latency, "count_run", None)
         ahead = False  # async: the next step is scheduled while the one before runs, if it chains
+        host_first = self._host_first
         while pending is not None or sched.has_unfinished():
             if self.own_stale and route_ahead is not None:
                 route_ahead.refresh(self)
             own = self.own
             start = self.clock
-            batch, k = None, 0
+            batch, k, stepped = None, 0, False  # stepped: a run's first step, timed as a step
             if async_ and pending is None:
                 ahead, decode_times = self._async_views(start)
             if pending is not None:
@@ -433,10 +483,29 @@ class Replica:
             elif fast_forward is not None and decode_times is not None:
                 deadline = self._deadline() if async_ else own.time
                 run_seqs = tuple(sched.running) if async_ else None  # the run's, for the next step
+                if decode_times is host_first:  # where stepping's segment would end after the step
+                    host_first.now, host_first.last_sample = now, self._last_sample
+                    host_first.interval = interval
+                    wait_at = own.event_time if chain else -math.inf
+                    if route_ahead is not None and arrival.event_time < wait_at:
+                        wait_at = arrival.event_time
+                    host_first.wait_at = wait_at
+                    host_first.allow_rest = not (self.inbox and self.inbox[0][0] <= start)
                 k, end, finished = fast_forward(decode_times, start, deadline, SIM_TOKEN_ID)
                 run_overlapped = decode_times is self._lagged_overlapped
                 if k and async_:
                     self._deferred_start, self._deferred_seqs = decode_times.times[k - 1], run_seqs
+                    if decode_times is host_first:
+                        # its first step is a segment of its own, as the step stepping schedules
+                        # there; the others are the next segment, as the run after that step
+                        stepped, step_s = True, host_first.first_s
+                        self._note_decode_capacity(len(run_seqs))
+                        if k > 1:
+                            pending, finished = (k - 1, end, finished), []
+                            pending_overlapped = True
+                        elif count_run is not None:
+                            count_run(*sched.last_run)
+                        end, k = host_first.times[1], 0
             if k:
                 if count_run is not None:  # steps priced outside the profile's fit (the run's shape)
                     count_run(*sched.last_run)
@@ -445,7 +514,7 @@ class Replica:
                 counters.num_fast_forwards += 1
                 counters.num_fast_forward_steps += k
                 counters.busy_s += end - start
-            else:
+            elif not stepped:
                 batch = sched.schedule()
                 self._note_capacity(batch)
                 if self.batch_log is not None:
@@ -474,7 +543,11 @@ class Replica:
             if (
                 now >= own.event_time
                 or not chain
-                or (route_ahead is not None and now >= arrival.event_time and (batch is not None or finished))
+                or (
+                    route_ahead is not None
+                    and now >= arrival.event_time
+                    and (batch is not None or stepped or finished)
+                )
             ):
                 yield from self._wait(owed, now, arrival.event_time > last)
                 owed = []
@@ -482,6 +555,9 @@ class Replica:
                     self.own_stale = True
             self.clock = end
             if batch is None:
+                if stepped:
+                    counters.num_steps += 1
+                    counters.busy_s += step_s
                 if finished:
                     self._finish_all(finished)
             else:
@@ -520,20 +596,28 @@ class Replica:
         if len(sched.running) > use.max_running:
             use.max_running = len(sched.running)
 
+    def _note_decode_capacity(self, num_seqs: int) -> None:
+        """`_note_capacity` of a decode step of all `num_seqs` running requests, none waiting."""
+        use = self.capacity
+        if num_seqs > use.max_step_tokens:
+            use.max_step_tokens = num_seqs
+        if num_seqs > use.max_running:
+            use.max_running = num_seqs
+
     def _async_views(self, start: float):
         """Async scheduling, before the segment starting at `start`: hand the scheduler the requests
         it sees now; return (whether the next step is scheduled ahead if `schedules_ahead` holds for
-        it, the decode times of a run from here or None where a run must not start here). The
-        engine asks `schedule_reads_no_token_values` before it schedules (engine/llm.py `step`)."""
+        it, the decode times of a run from here). The engine asks `schedule_reads_no_token_values`
+        before it schedules (engine/llm.py `step`)."""
         sched, deferred = self.scheduler, self._deferred_start
         if self.inbox:  # what had arrived when this step's scheduling began
             self._admit(start if deferred is None else deferred)
         if deferred is None or not sched.schedule_reads_no_token_values():
-            # the step is scheduled after the one before has ended: it pays the host. A run may
-            # follow only where the rest would too (a request waits throughout a run)
-            return False, self._lagged if sched.waiting else None
+            # the step is scheduled after the one before has ended: it pays the host, and so do the
+            # others of a run where a request waits throughout it; else they are scheduled ahead
+            return False, self._lagged if sched.waiting else self._host_first
         if not follows(self._deferred_seqs, sched.running):  # a run's first step is all of them
-            return True, None  # this step pays the host (see `schedules_ahead`), the rest would not
+            return True, self._host_first  # this step pays the host (see `schedules_ahead`)
         return True, self._lagged_overlapped
 
     def _run_after(self, batch, start: float):

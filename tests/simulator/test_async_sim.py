@@ -11,7 +11,7 @@ import pytest
 import traces
 from simulator.config import SimConfig
 from simulator.latency.fitted import ASYNC_DECODE_FEATURES, PREFILL_FEATURES, FittedModel, LinearFit
-from simulator.run import run_simulation
+from simulator.run import collect, run_simulation, simulate_config
 from simulator.sim import LaggedDecodeTimes
 
 
@@ -165,3 +165,34 @@ def test_the_timeline_counts_requests_waiting_in_the_inbox(qwen06, fast_forward)
     assert runs[False].loc[[2.0, 3.5, 5.5], "num_waiting"].tolist() == [0, 1, 0]
     assert runs[True].loc[[2.0, 3.5, 4.5, 6.5], "num_waiting"].tolist() == [0, 1, 1, 0]
     assert runs[True].loc[[3.5, 4.5, 6.5], "num_running"].tolist() == [1, 1, 2]
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
+@pytest.mark.parametrize("num_kv_blocks", [400, 120])
+def test_async_runs_from_a_step_paying_the_host_equal_stepping(
+    prefix_trace, small_config, router, num_kv_blocks
+):
+    """A run whose first step is scheduled after the step before ended (`HostFirstDecodeTimes`):
+    the requests, ITL, step counts and capacity use of stepping, on one replica and on two (the
+    timeline sampled often, so that runs stop at samples)."""
+    model = async_model()
+    for replicas in (1, 2):
+        runs = []
+        for ff in (True, False):
+            config = small_config(
+                num_replicas=replicas,
+                router=router,
+                num_kv_blocks=num_kv_blocks,
+                async_scheduling=True,
+                fast_forward=ff,
+                timeline_interval_s=0.05,
+            )
+            runs.append(simulate_config(prefix_trace, config, latency=model))
+        fast, stepped = (collect(r) for r in runs)
+        _equal_runs(fast, stepped)
+        for a, b in zip(*(r.replicas for r in runs)):
+            assert (a.capacity.max_step_tokens, a.capacity.max_running, a.capacity.max_kv_blocks) == (
+                b.capacity.max_step_tokens,
+                b.capacity.max_running,
+                b.capacity.max_kv_blocks,
+            )
