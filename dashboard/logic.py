@@ -30,7 +30,7 @@ from simulator import plan, sweep, validate
 from simulator.config import SimConfig
 from simulator.latency import LatencyModel, LatencyProfile, StepShape, load_gpu_specs
 from simulator.latency.profile import PROFILE_FORMAT
-from simulator.load import NO_LOAD, Load, load_verdict
+from simulator.load import NO_LOAD, Load, load_verdict, run_load
 from simulator.metrics import SLO, add_latencies, summarize
 from simulator.run import SimResult, run_simulation
 from traces import Trace
@@ -283,7 +283,7 @@ def _ordinal(n: int) -> str:
 
 def result_load(result: SimResult) -> Load:
     """`load_verdict` of a simulation, over the span of its requests' arrivals."""
-    return load_verdict(result.summary, float(result.summary.get("arrival_span_s", 0.0)))
+    return run_load(result.summary)
 
 
 # =============================================================================== what-if
@@ -596,7 +596,10 @@ def format_ms(seconds: float) -> str:
 
 
 def describe_miss(v: plan.Violation) -> str:
-    """A missed objective in words and ms: `p99 TTFT 3,210 ms > 2,000 ms`."""
+    """A missed objective in words and ms: `p99 TTFT 3,210 ms > 2,000 ms`; a run that falls behind
+    as `config_status` says it: `overloaded: serves 6.7 of 10.1 req/s offered`."""
+    if v.load is not None:
+        return f"{v.load.verdict}: {_serves(v.load)}"
     if v.objective is None:
         return f"{v.unserved:,} of {v.num_requests:,} requests not served"
     o = v.objective
@@ -620,9 +623,13 @@ def config_status(
         why.append("too few requests to tell the load")
     else:
         parts.append(load.verdict)
-        if not load.keeps_up:
-            why.append(f"serves {load.served_rps:,.1f} of {load.offered_rps:,.1f} req/s offered")
+        if load.falls_behind:
+            why.append(_serves(load))
     return ", ".join(parts), "; ".join(why)
+
+
+def _serves(load: Load) -> str:
+    return f"serves {load.served_rps:,.1f} of {load.offered_rps:,.1f} req/s offered"
 
 
 def mixed_latency_warning(results: Mapping[str, SimResult]) -> str | None:
@@ -1123,14 +1130,15 @@ def candidate_reason(c: Any) -> str:
 
 def plan_pick(result: Any, arrival_span_s: float) -> tuple[Any, str | None]:
     """The configuration to recommend from a PlanResult and, when it is not `result.best`, why:
-    the best meets the SLOs but falls behind the offered rate (its latencies would keep growing
-    with more traffic), so the cheapest feasible candidate that keeps up is recommended (None if
-    there is none)."""
+    the best meets the SLOs but falls behind the offered rate over `arrival_span_s`
+    (`Load.falls_behind`, the rule `find_plan` itself applies over each run's own arrivals, so a
+    plan's best falls behind only when the span differs), so the cheapest feasible candidate that
+    keeps up is recommended (None if there is none)."""
     best = result.best
     if best is None:
         return None, None
     load = load_verdict(best.row or {}, arrival_span_s)
-    if load.keeps_up or load.verdict == NO_LOAD:
+    if not load.falls_behind:
         return best, None
     why = (
         f"The cheapest configuration meeting the latency objectives, {best.replicas} x {best.option.gpu} "

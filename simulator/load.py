@@ -1,5 +1,7 @@
 """Whether a simulated configuration keeps up with the rate it is offered: offered against served
-request rate and a verdict, from a run's summary. Pure; the CLI's summary and the dashboard use it."""
+request rate and a verdict, from a run's summary. Pure; the CLI's summary, `kvplan plan`,
+`kvplan capacity` and the dashboard use it, and `Load.falls_behind` is the one rule by which they
+count a configuration as not serving its rate."""
 
 from __future__ import annotations
 
@@ -29,6 +31,18 @@ class Load:
     def keeps_up(self) -> bool:
         return self.verdict == KEEPS_UP
 
+    @property
+    def falls_behind(self) -> bool:
+        """Serves less than KEEPS_UP_RATIO of the offered rate (near saturation or overloaded): its
+        queue grows for as long as the traffic lasts, so latencies over a run that ends understate
+        what it would do. A plan, a capacity search and the dashboard never count such a
+        configuration as meeting its objectives. Too few requests to tell (`n/a`) is not behind."""
+        return self.verdict in (NEAR_SATURATION, OVERLOADED)
+
+    def describe(self) -> str:
+        """`overloaded: serves 6.67 of 10.1 req/s offered`."""
+        return f"{self.verdict}: serves {self.served_rps:.3g} of {self.offered_rps:.3g} req/s offered"
+
 
 def load_verdict(summary: Mapping[str, Any], arrival_span_s: float) -> Load:
     """Whether a configuration keeps up with the rate it is offered.
@@ -55,3 +69,8 @@ def load_verdict(summary: Mapping[str, Any], arrival_span_s: float) -> Load:
         KEEPS_UP if ratio >= KEEPS_UP_RATIO else NEAR_SATURATION if ratio >= OVERLOADED_RATIO else OVERLOADED
     )
     return Load(offered, served, verdict)
+
+
+def run_load(summary: Mapping[str, Any]) -> Load:
+    """`load_verdict` of a run over the span of its own arrivals (the summary's `arrival_span_s`)."""
+    return load_verdict(summary, float(summary.get("arrival_span_s") or 0.0))

@@ -1,7 +1,9 @@
 """Capacity planning over simulation results: cost, SLO objectives, and two searches.
 
 `find_plan` finds the cheapest (GPU, TP, replicas, batch limits, block size) meeting p99 SLOs at a
-rate; `find_capacity` finds the highest rate a configuration sustains. Both take an `evaluate`
+rate; `find_capacity` finds the highest rate a configuration sustains. Both count a run as feasible by
+`failures`: every request served, every objective met, and the offered rate kept up with (a run that
+falls behind, `simulator.load`, is infeasible however its percentiles look). Both take an `evaluate`
 callable (points -> rows, see sweep.PointRunner.run); prices come from gpus.json, never from code.
 """
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.latency.gpus import GpuSpec, get_gpu
+from simulator.load import Load, run_load
 from simulator.metrics import SLO
 
 Row = dict[str, Any]
@@ -87,19 +90,25 @@ def parse_objectives(text: str) -> tuple[Objective, ...]:
 
 @dataclass(frozen=True)
 class Violation:
-    """An objective missed (value > limit), or requests not served (objective None)."""
+    """An objective missed (value > limit), requests not served (objective None), or the offered
+    rate not kept up with (`load` set, `Load.falls_behind`; objective None, value offered / served)."""
 
     objective: Objective | None
     value: float
     unserved: int = 0
     num_requests: int = 0
+    load: Load | None = None
 
     @property
     def ratio(self) -> float:
-        """value / limit (inf for unserved requests)."""
+        """value / limit (offered / served for a run that falls behind; inf for unserved requests)."""
+        if self.load is not None:
+            return self.value
         return math.inf if self.objective is None else self.value / self.objective.limit_s
 
     def __str__(self) -> str:
+        if self.load is not None:
+            return self.load.describe()
         if self.objective is None:
             return f"{self.unserved} of {self.num_requests} requests not served (rejected or cut short)"
         o = self.objective
@@ -126,14 +135,28 @@ def violations(summary: Mapping[str, Any], objectives: Sequence[Objective]) -> l
     return out
 
 
+def failures(summary: Mapping[str, Any], objectives: Sequence[Objective]) -> list[Violation]:
+    """What makes a run infeasible for a plan or a capacity search: its `violations`, then falling
+    behind the offered rate over its own arrivals (`simulator.load.run_load`, `Load.falls_behind`,
+    the rule the dashboard applies). A run whose queue keeps growing can meet every percentile only
+    because the trace ends; it is counted as missing, with what it serves of what it is offered."""
+    out = violations(summary, objectives)
+    load = run_load(summary)
+    if load.falls_behind:
+        behind = load.offered_rps / load.served_rps if load.served_rps > 0 else math.inf
+        out.append(Violation(None, behind, load=load))
+    return out
+
+
 def describe_violations(vs: Sequence[Violation]) -> str:
     return "; ".join(str(v) for v in vs)
 
 
 def severity(vs: Sequence[Violation]) -> tuple[int, float]:
-    """Order points by how badly they miss: unserved requests first, then the worst ratio."""
+    """Order points by how badly they miss: unserved requests first, then the worst ratio (value /
+    limit of an objective, offered / served of a run that falls behind)."""
     unserved = sum(v.unserved for v in vs if v.objective is None)
-    worst = max((v.ratio for v in vs if v.objective is not None), default=0.0)
+    worst = max((v.ratio for v in vs if v.objective is not None or v.load is not None), default=0.0)
     return unserved, worst
 
 
@@ -288,9 +311,10 @@ class Option:
 class Candidate:
     """The outcome of one option's replica search.
 
-    status: "best", "feasible" (meets the SLOs, costs more), "infeasible" (fails at the most replicas
-    the GPU budget allows), "pruned" (cannot be cheaper than the best: it fails at every replica count
-    that would be), "invalid" (the configuration cannot run). `row` holds the metrics at `replicas`.
+    status: "best", "feasible" (meets the SLOs and keeps up with the rate, costs more), "infeasible"
+    (fails, see `failures`, at the most replicas the GPU budget allows), "pruned" (cannot be cheaper
+    than the best: it fails at every replica count that would be), "invalid" (the configuration
+    cannot run). `row` holds the metrics at `replicas`.
     """
 
     option: Option
@@ -383,7 +407,8 @@ def find_plan(
     wave_size: int | None = None,
     prune: bool = True,
 ) -> PlanResult:
-    """The cheapest option x replicas meeting `objectives`, with the others ranked and explained.
+    """The cheapest option x replicas meeting `objectives` and keeping up with the offered rate
+    (`failures`), with the others ranked and explained.
 
     Searches all options together in waves: each live option proposes its next replica count, and
     the `wave_size` cheapest proposals (all when None) go to `evaluate` at once, to run in parallel.
@@ -425,7 +450,7 @@ def find_plan(
             if row.get("error") is not None:
                 s.error = str(row["error"])
                 continue
-            failed = violations(row, objectives)
+            failed = failures(row, objectives)
             s.update(r, row, failed)
             if not failed:
                 best_cost = min(best_cost, s.option.unit_cost * r)
@@ -475,7 +500,7 @@ def _rank(
     closest = None
     if feasible:
         best = feasible[0]
-        best.status, best.reason = "best", "cheapest configuration meeting every objective"
+        best.status, best.reason = "best", "cheapest configuration meeting every objective and keeping up"
         for c in feasible[1:]:
             extra = c.cost_per_hour - best.cost_per_hour
             if extra > 1e-9:
@@ -534,7 +559,9 @@ def format_plan(
         )
         lines.append("  " + _metrics_line(best, result.objectives))
     else:
-        lines.append(f"Infeasible: no configuration meets the SLOs within {result.max_gpus} GPUs.")
+        lines.append(
+            f"Infeasible: no configuration meets the SLOs and keeps up with the rate within {result.max_gpus} GPUs."
+        )
         if result.closest is not None:
             c = result.closest
             lines.append(
@@ -567,7 +594,14 @@ def _metrics_line(c: Candidate, objectives: Sequence[Objective]) -> str:
         parts.append(
             f"{format_usd(cost_per_million_tokens(c.option.gpu, c.num_gpus or 0, tok_s))} per M output tokens"
         )
+    parts.extend(_load_part(row))
     return ", ".join(parts)
+
+
+def _load_part(row: Mapping[str, Any]) -> list[str]:
+    """['keeps up: serves 10.1 of 10.1 req/s offered'] of a run's row ([] with too few requests)."""
+    load = run_load(row)
+    return [load.describe()] if load.keeps_up or load.falls_behind else []
 
 
 # ---- capacity: the highest rate a configuration sustains --------------------------------------------------
@@ -680,7 +714,8 @@ def find_capacity(
     min_scale: float = 1.0 / 1024,
     max_scale: float = 1024.0,
 ) -> CapacityResult:
-    """The highest rate scale at which `point` meets `objectives` (see `search_max_scale`)."""
+    """The highest rate scale at which `point` meets `objectives` and keeps up with the rate
+    (`failures`; see `search_max_scale`)."""
     objectives = tuple(objectives)
     rows: dict[float, Row] = {}
 
@@ -691,7 +726,7 @@ def find_capacity(
             if row.get("error") is not None:
                 raise ValueError(f"the configuration cannot run: {row['error']}")
             rows[x] = row
-            out.append(not violations(row, objectives))
+            out.append(not failures(row, objectives))
         return out
 
     search = search_max_scale(feasible, 1.0, tolerance, parallel, min_scale, max_scale)
@@ -717,11 +752,13 @@ def format_capacity(result: CapacityResult, what: str = "") -> str:
     )
     lines.append(f"  trace native rate {result.base_rate:.3g} req/s; {len(s.evaluations)} simulations")
     if s.lo is None:
-        fail = violations(result.fail_row or {}, result.objectives) if result.fail_row else []
+        fail = failures(result.fail_row or {}, result.objectives) if result.fail_row else []
         lines.append(f"  fails even at {s.hi:.4g}x the trace rate: {describe_violations(fail)}")
         return "\n".join(lines)
     if s.hi is None:
-        lines.append(f"  meets the SLOs at every rate tried, up to {s.lo:.4g}x ({result.max_rate:.4g} req/s)")
+        lines.append(
+            f"  meets the SLOs and keeps up at every rate tried, up to {s.lo:.4g}x ({result.max_rate:.4g} req/s)"
+        )
     else:
         lines.append(
             f"  max sustainable rate: {result.max_rate:.4g} req/s ({s.lo:.4g}x the trace; fails at {s.hi:.4g}x "
@@ -729,9 +766,10 @@ def format_capacity(result: CapacityResult, what: str = "") -> str:
         )
     row = result.row or {}
     parts = [f"{o.name} {format_seconds(float(row.get(o.key, math.nan)))}" for o in result.objectives]
+    parts.extend(_load_part(row))
     lines.append(f"  at that rate: {', '.join(parts)}; output {float(row.get('output_tok_s', 0)):.4g} tok/s")
     if result.fail_row is not None:
-        lines.append(f"  above it: {describe_violations(violations(result.fail_row, result.objectives))}")
+        lines.append(f"  above it: {describe_violations(failures(result.fail_row, result.objectives))}")
     lines.append(
         f"  cost: {result.num_gpus} x {result.gpu} = {format_usd(result.cost_per_hour)}/h, "
         f"{format_usd(result.cost_per_million_output_tokens or math.inf)} per million output tokens"
@@ -805,15 +843,15 @@ def plan_band(
     if low_rows[0].get("error") is None:
         band.low = low_rows[0]
     if best is None:
-        band.closest_passes = band.low is not None and not violations(band.low, objectives)
+        band.closest_passes = band.low is not None and not failures(band.low, objectives)
     else:
         high_row = evaluate_high(points[:1])[0]
         if high_row.get("error") is None:
-            band.high, band.high_failed = high_row, violations(high_row, objectives)
+            band.high, band.high_failed = high_row, failures(high_row, objectives)
         else:
             errors.append(str(high_row["error"]))
         for (opt, k), row in zip(band.checked, low_rows[1:]):
-            if row.get("error") is None and not violations(row, objectives):
+            if row.get("error") is None and not failures(row, objectives):
                 band.inside.append((opt, k, row))
     if errors:
         band.note = "; ".join(dict.fromkeys(errors))
@@ -931,7 +969,7 @@ def capacity_band(
                 if row.get("error") is not None:
                     raise ValueError(str(row["error"]))
                 band.factors.setdefault(side, _scale_text(row))
-            return [not violations(row, objectives) for row in rows]
+            return [not failures(row, objectives) for row in rows]
 
         try:
             search = search_max_scale(feasible, start, tolerance, parallel, min_scale, max_scale, growth)

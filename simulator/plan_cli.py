@@ -17,6 +17,7 @@ from engine.core.config import POLICIES
 from simulator.cli import add_sim_arguments, sim_config_from_args
 from simulator.config import ROUTERS
 from simulator.defaults import DEFAULT_MODEL, DEFAULT_TRACE
+from simulator.load import KEEPS_UP_RATIO, run_load
 from simulator.metrics import SLO_HELP
 from traces.cli import load_trace_arg
 
@@ -105,8 +106,13 @@ def _check_plan_axes(args: argparse.Namespace) -> None:
 
 def _interrupted(rows: list[dict], best: str) -> str:
     """What an interrupted search found in its finished rounds: `best` 'cost' (the cheapest
-    configuration meeting the SLOs) or 'rate' (the highest rate scale meeting them)."""
-    met = [r for r in rows if r.get("slo_met") is True and r.get("error") is None]
+    configuration meeting the SLOs) or 'rate' (the highest rate scale meeting them); a row that falls
+    behind its offered rate (`simulator.load`) does not count, as in the search itself."""
+    met = [
+        r
+        for r in rows
+        if r.get("slo_met") is True and r.get("error") is None and not run_load(r).falls_behind
+    ]
     lines = [f"\ninterrupted: {len(rows)} simulations had finished (points in flight were stopped)"]
     if not met:
         lines.append("  none of them met the SLOs")
@@ -334,6 +340,15 @@ def _capacity_band(args: argparse.Namespace, result, ctx, point: dict, parallel:
     return format_capacity_band(band, result)
 
 
+# How plan and capacity count the offered rate (simulator.load: Load.falls_behind).
+_KEEPS_UP = (
+    f"keeps up with the rate: a run that serves less than {KEEPS_UP_RATIO:.0%} of the requests per "
+    "second it is offered (near saturation or overloaded, as `kvplan simulate` and the dashboard "
+    "call it) is infeasible however its percentiles look, as its queue would grow for as long as the "
+    "traffic lasts"
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     sw = subparsers.add_parser(
         "sweep", help="run a grid of simulations from a YAML spec into Parquet (resumable)"
@@ -344,7 +359,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sw.set_defaults(func=cmd_sweep)
 
     pl = subparsers.add_parser(
-        "plan", help="the cheapest configuration meeting latency SLOs at a request rate"
+        "plan",
+        help="the cheapest configuration meeting latency SLOs at a request rate",
+        description="The cheapest configuration whose simulation, on the trace rescaled to --rate, "
+        f"serves every request, meets each --slo objective and {_KEEPS_UP}. Each alternative is "
+        "listed with why it lost (a missed objective by how much, or what it serves of what it is "
+        "offered).",
     )
     pl.add_argument("--trace", default=DEFAULT_TRACE, help="shipped trace name or a trace file")
     pl.add_argument("--limit", type=int, default=None, help="only the first N requests (faster, less exact)")
@@ -419,7 +439,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pl.set_defaults(func=cmd_plan)
 
     cap = subparsers.add_parser(
-        "capacity", help="the highest request rate a configuration sustains under SLOs"
+        "capacity",
+        help="the highest request rate a configuration sustains under SLOs",
+        description="The highest rate (a scale of the trace's own) at which the configuration's "
+        f"simulation serves every request, meets each --slo objective and {_KEEPS_UP}.",
     )
     cap.add_argument("--trace", default=DEFAULT_TRACE, help="shipped trace name or a trace file")
     cap.add_argument("--limit", type=int, default=None, help="only the first N requests (faster, less exact)")

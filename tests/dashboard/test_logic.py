@@ -722,6 +722,25 @@ def test_candidate_reason_in_the_pages_words():
     )
 
 
+def test_candidate_reason_of_a_plan_candidate_that_falls_behind():
+    """A plan's candidate infeasible for falling behind (`simulator.plan.failures`) reads as the
+    what-if table says it: the verdict, then what it serves of what it is offered."""
+    from simulator.plan import Candidate, Option, describe_violations, failures
+
+    row = {"num_requests": 100, "num_finished": 100, "num_truncated": 0, "ttft_p99_s": 1.0}
+    row |= {"queue_mean_s": 5.0, "arrival_span_s": 10.0}
+    failed = failures(row, logic.slo_objectives(SLO(ttft_s=2.0)))
+    assert [logic.describe_miss(v) for v in failed] == ["overloaded: serves 5.0 of 10.0 req/s offered"]
+    c = Candidate(Option("H100-SXM", 1, 16, 256, 16384), "infeasible", 8, row, failed)
+    c.reason = "fails with 8 replicas, the most max_gpus=8 allows: " + describe_violations(failed)
+    assert logic.candidate_reason(c) == (
+        "fails with 8 replicas, the most the GPU budget of 8 allows: overloaded: serves 5.0 of 10.0 req/s offered"
+    )
+    # The what-if status of the same run: the same rule, the same words.
+    status, why = logic.config_status(row, load_verdict(row, 10.0), logic.slo_objectives(SLO(ttft_s=2.0)))
+    assert (status, why) == ("meets SLO, overloaded", "serves 5.0 of 10.0 req/s offered")
+
+
 def test_plain_number_has_no_scientific_notation():
     assert [logic.plain_number(v) for v in (1148.0, 9.914, 0.000294, 12345678.0, 0)] == [
         "1,148",

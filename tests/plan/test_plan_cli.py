@@ -65,6 +65,39 @@ def test_infeasible_plan_exits_1_and_says_why(capsys):
     assert "Infeasible" in out and "closest: 1 x (L40S" in out and "ttft_p99" in out
 
 
+def test_plan_counts_a_run_that_falls_behind_as_infeasible(capsys, monkeypatch):
+    """One sequence at a time on one L40S serves 2.24 of the 8 req/s offered: every request still
+    finishes and its TPOT is within the objective (the run ends with the trace), but the plan is
+    infeasible and the table says what it serves of what it is offered."""
+    from simulator import plan
+
+    results: list = []
+    find_plan = plan.find_plan
+    monkeypatch.setattr(plan, "find_plan", lambda *a, **k: results.append(find_plan(*a, **k)) or results[-1])
+    argv = ["plan", "--limit", "80", "--rate", "8", "--slo", "tpot_p99=80ms", "--gpus", "L40S", "--tp", "1"]
+    argv += ["--max-gpus", "1", "--max-num-seqs", "1", "--profile", "roofline", "--workers", "1", "--quiet"]
+    assert run(argv) == 1
+    out = capsys.readouterr().out
+    assert "Infeasible: no configuration meets the SLOs and keeps up with the rate within 1 GPUs." in out
+    assert (
+        "  [infeasible] 1 x (L40S tp=1 block=16 seqs=1 batched_tokens=16384) $0.79/h [roofline]: fails "
+        "with 1 replica, the most max_gpus=1 allows: overloaded: serves 2.24 of 8 req/s offered"
+    ) in out
+    (c,) = results[0].candidates
+    row = c.row
+    assert row["num_finished"] == 80 and row["num_truncated"] == 0
+    assert plan.violations(row, plan.parse_objectives("tpot_p99=80ms")) == []  # the objective alone: met
+
+
+def test_plan_and_capacity_help_say_a_run_must_keep_up(capsys):
+    for command in ("plan", "capacity"):
+        with pytest.raises(SystemExit):
+            run([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "keeps up with the rate: a run that serves less than 95% of the requests per second" in text
+        assert "is infeasible however its percentiles look" in text
+
+
 def test_capacity_command(capsys):
     argv = ["capacity", "--limit", "80", "--slo", "tpot_p99=20ms", "--gpu", "L40S", "--tolerance", "0.1"]
     assert run([*argv, "--profile", "roofline", "--workers", "1", "--quiet"]) == 0

@@ -54,3 +54,16 @@ def test_capacity_interrupted(interrupted_search, capsys):
     err = capsys.readouterr().err
     assert "interrupted: 2 simulations had finished" in err
     assert "the highest rate of them meeting the SLOs: 2x the trace" in err
+
+
+def test_interrupted_plan_passes_over_a_row_that_falls_behind():
+    """A finished row that met the latency objectives but fell behind its offered rate (mean wait
+    5 s over 10 s of arrivals: 5 of 10 req/s served) is not what the interrupted search found."""
+    from simulator.plan_cli import _interrupted
+
+    load = {"num_requests": 100, "num_finished": 100, "arrival_span_s": 10.0}
+    behind = {**ROWS[1], "slo_met": True, **load, "queue_mean_s": 5.0}
+    keeps = {**ROWS[0], **load, "queue_mean_s": 0.0}
+    text = _interrupted([behind, keeps], "cost")
+    assert "the cheapest of them meeting the SLOs: 2 x H200 tp=1" in text and "$7.00/h" in text
+    assert "none of them met the SLOs" in _interrupted([behind], "rate")

@@ -16,6 +16,7 @@ from simulator.plan import (
     Option,
     cost_per_hour,
     cost_per_million_tokens,
+    failures,
     find_capacity,
     find_plan,
     format_capacity,
@@ -202,14 +203,14 @@ def test_infeasible_plan_names_the_closest_point_and_what_failed():
 # ---- plan through the simulator, with a stub latency model ----------------------------------------------------
 
 
-def stub_plan(step_s: dict[str, float], max_gpus: int = 4, n: int = 100):
+def stub_plan(step_s: dict[str, float], max_gpus: int = 4, n: int = 100, slo: str = "ttft_p99=500ms"):
     """10 req/s of one-token requests; SLO ttft_p99 <= 0.5 s; one request per step (max_num_seqs=1)."""
     trace = one_token_trace(rate=10.0, n=n)
-    ctx = RunContext(trace, "qwen3-0.6b", "roofline", "ttft_p99=500ms", "const", latency=StubByGpu(step_s))
+    ctx = RunContext(trace, "qwen3-0.6b", "roofline", slo, "const", latency=StubByGpu(step_s))
     options = plan_options(list(step_s), [1], [16], [1], [16384])
     with PointRunner(ctx, workers=1) as runner:
         return find_plan(
-            runner.run, options, parse_objectives("ttft_p99=500ms"), max_gpus, 10.0, {"router": "round_robin"}
+            runner.run, options, parse_objectives(slo), max_gpus, 10.0, {"router": "round_robin"}
         )
 
 
@@ -234,6 +235,68 @@ def test_plan_prefers_one_fast_gpu_to_two_cheap_ones():
     assert h100.failed[0].value == pytest.approx(5.0505)
     assert "ttft_p99 5.05s > 500ms (+910%)" in h100.reason
     assert f"2 would cost ${2 * PRICES['H100-SXM']:.2f}/h" in h100.reason
+
+
+def test_plan_does_not_pick_a_cheaper_gpu_that_falls_behind():
+    # H100 at 0.15 s/request serves 1 / 0.15 = 6.67 req/s of the 10 offered; over 100 requests its
+    # ttft_p99 (5.05 s, as above) is still within 6 s: on the latency objective alone it would be the
+    # best (one H100 is cheaper than one H200). Its queue grows for as long as the traffic lasts, so
+    # it is infeasible; one H200 (12.5 req/s) keeps up and is the best.
+    res = stub_plan({"H100": 0.15, "H200": 0.08}, slo="ttft_p99=6s")
+    (h100,) = res.candidates[1:]
+    assert violations(h100.row, parse_objectives("ttft_p99=6s")) == []  # the objective alone: met
+    assert PRICES["H100-SXM"] < PRICES["H200-SXM"]
+    assert (res.best.option.gpu, res.best.replicas) == ("H200-SXM", 1)
+    assert h100.status == "pruned" and h100.replicas == 1
+    # offered: 100 requests over 9.9 s of arrivals; served from the mean wait 49.5 x 0.05 s
+    # (simulator.load): 10.1 / (1 + 2 x 2.475 / 9.9) = 6.73 req/s.
+    (behind,) = h100.failed
+    assert behind.objective is None and behind.load.verdict == "overloaded"
+    assert behind.load.offered_rps == pytest.approx(100 / 9.9)
+    assert behind.load.served_rps == pytest.approx(100 / 9.9 / 1.5)
+    assert h100.reason == (
+        "fails with 1 replica (overloaded: serves 6.73 of 10.1 req/s offered); "
+        f"2 would cost ${2 * PRICES['H100-SXM']:.2f}/h, not cheaper than the best"
+    )
+    text = format_plan(res, "const", "m")
+    assert "Best: 1 x (H200-SXM tp=1" in text
+    assert "ttft_p99 80ms (<= 6s)" in text and "keeps up: serves 10.1 of 10.1 req/s offered" in text
+    assert (
+        "[pruned] 1 x (H100-SXM tp=1 block=16 seqs=1 batched_tokens=16384) $2.69/h [ConstantLatency]: "
+        in text
+    )
+    assert "fails with 1 replica (overloaded: serves 6.73 of 10.1 req/s offered)" in text
+
+
+def test_plan_with_only_runs_that_fall_behind_is_infeasible():
+    res = stub_plan({"H100": 0.15}, max_gpus=1, slo="ttft_p99=6s")
+    assert res.best is None
+    (c,) = res.candidates
+    assert c.status == "infeasible" and c.reason == (
+        "fails with 1 replica, the most max_gpus=1 allows: overloaded: serves 6.73 of 10.1 req/s offered"
+    )
+    text = format_plan(res)
+    assert "Infeasible: no configuration meets the SLOs and keeps up with the rate within 1 GPUs." in text
+    assert "$2.69/h [ConstantLatency]: overloaded: serves 6.73 of 10.1 req/s offered" in text  # the closest
+
+
+def test_failures_add_falling_behind_to_the_violations():
+    objs = parse_objectives("ttft_p99=2s")
+    keeps = {"num_requests": 100, "num_finished": 100, "num_truncated": 0, "ttft_p99_s": 1.0}
+    keeps |= {"queue_mean_s": 0.0, "arrival_span_s": 10.0}
+    assert failures(keeps, objs) == []
+    # Mean wait 5 s over 10 s of arrivals: served = 10 / (1 + 2 x 5 / 10) = 5 req/s of 10.
+    behind = {**keeps, "queue_mean_s": 5.0}
+    assert violations(behind, objs) == []
+    assert [str(v) for v in failures(behind, objs)] == ["overloaded: serves 5 of 10 req/s offered"]
+    assert failures(behind, objs)[0].ratio == pytest.approx(2.0)  # offered / served
+    # 0.5 s: served 10 / 1.1 = 9.09 req/s, below 95 % of offered: near saturation, also behind.
+    near = {**keeps, "queue_mean_s": 0.5, "ttft_p99_s": 3.0}
+    assert [str(v) for v in failures(near, objs)] == [
+        "ttft_p99 3s > 2s (+50%)",
+        "near saturation: serves 9.09 of 10 req/s offered",
+    ]
+    assert failures({**behind, "arrival_span_s": 0.0}, objs) == []  # no span: the load is not known
 
 
 def test_infeasible_stub_plan_reports_the_failed_slo():
@@ -269,8 +332,13 @@ def test_scale_search_reports_unbounded_ends():
 
 def test_capacity_of_a_stub_model_is_within_tolerance():
     # One replica, 0.08 s per request, 100 requests 1/x s apart: ttft_p99 = 0.08 + 98.01 (0.08 - 1/x)
-    # <= 0.5 s  <=>  x <= 1 / (0.08 - 0.42 / 98.01).
-    true_max = 1.0 / (0.08 - 0.42 / 98.01)
+    # <= 0.5 s  <=>  x <= 1 / (0.08 - 0.42 / 98.01) = 13.21. Above 1 / 0.08 = 12.5 the queue grows:
+    # request i waits i (0.08 - 1/x), the mean wait over the 99/x s of arrivals gives served / offered
+    # = 1 / (0.08 x) (simulator.load), below 95 % from x = 1 / (0.95 x 0.08) = 13.16 on, where the
+    # run falls behind while its ttft_p99 is still within 0.5 s.
+    slo_max = 1.0 / (0.08 - 0.42 / 98.01)
+    true_max = 1.0 / (0.95 * 0.08)
+    assert true_max < slo_max
     trace = one_token_trace(rate=1.0, n=100)
     ctx = RunContext(
         trace, "qwen3-0.6b", "roofline", "ttft_p99=500ms", "const", latency=StubByGpu({"H200": 0.08})
@@ -281,8 +349,20 @@ def test_capacity_of_a_stub_model_is_within_tolerance():
         res = find_capacity(runner.run, point, parse_objectives("ttft_p99=500ms"), base_rate, tolerance=0.01)
     assert res.max_scale <= true_max < res.search.hi and res.search.hi / res.max_scale <= 1.01
     assert res.max_rate == pytest.approx(base_rate * res.max_scale)
-    assert res.row["ttft_p99_s"] <= 0.5 < res.fail_row["ttft_p99_s"]
+    assert res.row["ttft_p99_s"] <= 0.5 and res.fail_row["ttft_p99_s"] <= 0.5
+    (behind,) = failures(res.fail_row, parse_objectives("ttft_p99=500ms"))
+    offered = len(trace) / (trace.duration_s / res.search.hi)
+    assert behind.load.verdict == "near saturation"
+    assert behind.load.offered_rps == pytest.approx(offered)
+    assert behind.load.served_rps == pytest.approx(offered / (0.08 * res.search.hi))
     tok_s = res.row["output_tok_s"]
     assert res.cost_per_million_output_tokens == pytest.approx(PRICES["H200-SXM"] / (tok_s * 3600) * 1e6)
     text = format_capacity(res, "stub")
     assert "max sustainable rate" in text and "per million output tokens" in text
+    assert (
+        f"  above it: near saturation: serves {behind.load.served_rps:.3g} of {offered:.3g} req/s offered"
+        in text
+    )
+    at = res.row
+    served = len(trace) / (trace.duration_s / res.max_scale) / (0.08 * res.max_scale)
+    assert at["num_finished"] == 100 and f"keeps up: serves {served:.3g} of" in text

@@ -3,10 +3,12 @@ same figures the dashboard shows, from the span of the requests' arrivals."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from simulator.latency.roofline import RooflineModel
-from simulator.load import KEEPS_UP, OVERLOADED, load_verdict
+from simulator.load import KEEPS_UP, NEAR_SATURATION, NO_LOAD, OVERLOADED, Load, load_verdict, run_load
 from simulator.report import format_summary
 from simulator.run import run_simulation
 from traces.transforms import scale_rate
@@ -24,6 +26,24 @@ def test_the_summary_says_whether_the_configuration_keeps_up(prefix_trace, small
     assert load.offered_rps == pytest.approx(len(trace) / summary["arrival_span_s"], rel=1e-12)
     line = f"offered {load.offered_rps:,.2f} req/s, served {load.served_rps:,.2f} req/s ({verdict})"
     assert line in format_summary(summary)
+
+
+def test_falling_behind_is_near_saturation_or_overloaded():
+    """`Load.falls_behind`, the rule plan, capacity and the dashboard share, and its words."""
+    assert [Load(10.0, 10.0 * r, v).falls_behind for r, v in ((1.0, KEEPS_UP), (0.9, NEAR_SATURATION))] == [
+        False,
+        True,
+    ]
+    assert Load(10.0, 5.0, OVERLOADED).falls_behind and not Load(math.nan, math.nan, NO_LOAD).falls_behind
+    assert (
+        Load(100 / 9.9, 100 / 9.9 / 1.5, OVERLOADED).describe()
+        == "overloaded: serves 6.73 of 10.1 req/s offered"
+    )
+    # Over the summary's own span: 100 requests in 10 s, mean wait 0.5 s -> 10 / 1.1 req/s served.
+    summary = {"num_requests": 100, "num_finished": 100, "queue_mean_s": 0.5, "arrival_span_s": 10.0}
+    assert run_load(summary) == load_verdict(summary, 10.0)
+    assert run_load(summary).describe() == "near saturation: serves 9.09 of 10 req/s offered"
+    assert run_load({**summary, "arrival_span_s": None}).verdict == NO_LOAD
 
 
 def test_no_load_line_for_a_single_request():
