@@ -911,7 +911,8 @@ def run_plan(
     """Cheapest configuration serving `trace` rescaled to `rate` req/s within `objectives`
     (`simulator.plan.find_plan` over `plan_options`), plus a table of every point it simulated.
     Like `kvplan plan`, it compares like with like (`simulator.plan.like_with_like`): when only
-    some options have a fitted profile, all run on the roofline unless `mix_latency_models`."""
+    some options have a fitted profile, all run on the transferred model (the roofline where that is
+    the choice) unless `mix_latency_models`."""
     scaled = traces.scale_rate(trace, target_rate=rate)
     options = plan.plan_options(gpus, tps, block_sizes, max_num_seqs, max_num_batched_tokens)
     async_scheduling = bool((base or {}).get("async_scheduling", False))
@@ -920,10 +921,11 @@ def run_plan(
     )
     if note is not None and not mix_latency_models:
         labels = plan.option_latency(options, latency_choice, model_key, async_scheduling)
-        fitted = [f"{o} ({label})" for o, label in labels.items() if label != "roofline"]
+        fitted = [f"{o} ({label})" for o, label in labels.items() if label.startswith("fitted")]
+        common = "the roofline" if choice == LATENCY_ROOFLINE else "the transferred model"
         note = (
             f"Only {len(fitted)} of {len(labels)} options have a shipped fitted profile ({'; '.join(fitted)}): "
-            "every option was simulated on the roofline, to compare like with like. Turn on Mix latency "
+            f"every option was simulated on {common}, to compare like with like. Turn on Mix latency "
             "models to keep the profiles."
         )
     else:

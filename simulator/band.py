@@ -3,8 +3,11 @@ own held-back error, once optimistic (x (1 - e)) and once pessimistic (x (1 + e)
 
 For a fitted profile e is the p90 relative error its fits record on their held-back step records
 (`LatencyProfile.decode.error` / `.prefill.error`): decode steps take the decode fit's, prefill and
-mixed steps the prefill fit's. The roofline has no band: its error was never measured against
-held-back records (a test only checks that it lands within a factor of 1.5 of two measured steps).
+mixed steps the prefill fit's. For the transferred model (simulator/latency/transfer.py) e is its
+leave-one-out error: the largest p90 relative step-time error of a fit on one side of each
+leave-one-out pair on the other side's sweeps, as its coefficients file records it. The roofline has
+no band: its error was never measured against held-back records (a test only checks that it lands
+within a factor of 1.5 of two measured steps).
 A metric's band is the hull of the three runs' values (point, optimistic, pessimistic): near a
 knee a metric need not move monotonically with the step times. No CLI or formatting of tables here.
 """
@@ -72,19 +75,32 @@ class BandErrors:
 
 def band_errors(latency: LatencyModel, name: str | Path | None = None) -> BandErrors | None:
     """The band of `latency`: its fitted profile's p90 relative errors, held back where the fit held
-    records back (else on its training records, and the source says so); None for a model without
-    a profile (the roofline) or a profile without recorded errors. `name`: the profile's file."""
+    records back (else on its training records, and the source says so), or the errors the model
+    gives itself (`band_errors()`: the transferred model's leave-one-out errors); None for a model
+    without either (the roofline) or a profile without recorded errors. `name`: the profile's file."""
     if isinstance(latency, ScaledModel):
         latency = latency.model
+    own = getattr(latency, "band_errors", None)
+    if own is not None:
+        errors = own()
+        return BandErrors(*errors) if errors is not None else None
     profile = getattr(latency, "profile", None)
     return None if profile is None else _profile_errors(profile, name)
 
 
 def profile_band_errors(path: str | Path | None) -> BandErrors | None:
-    """`band_errors` of the profile file at `path` (None: the roofline, no band)."""
+    """`band_errors` of the profile file at `path` (None: the roofline, no band; a transferred
+    model's file: its leave-one-out errors)."""
     if path is None:
         return None
     from simulator.latency.profile import LatencyProfile
+    from simulator.latency.transfer import TransferCoefficients, is_transfer_file
+
+    if is_transfer_file(path):
+        loo = TransferCoefficients.load(path).leave_one_out
+        if not loo:
+            return None
+        return BandErrors(float(loo["decode"]), float(loo["prefill"]), f"{loo['what']} of {Path(path).name}")
 
     return _profile_errors(LatencyProfile.load(path), path)
 
@@ -101,6 +117,10 @@ def _profile_errors(profile: Any, name: str | Path | None) -> BandErrors | None:
 
 def no_band_reason(latency: LatencyModel) -> str:
     """Why `latency` has no band."""
+    if isinstance(latency, ScaledModel):
+        latency = latency.model
+    if getattr(latency, "band_errors", None) is not None:
+        return "its coefficients file records no leave-one-out error"
     if getattr(latency, "profile", None) is None:
         return ROOFLINE_NO_BAND
     return "the profile records no fit error"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine.core.config import POLICIES
 from simulator.config import ROUTERS
-from simulator.defaults import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, default_profile
+from simulator.defaults import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, default_latency_file
 from traces.cli import check_out_dir, load_trace_arg
 
 # Packages whose `cli.register(subparsers)` adds commands; a missing one (not built, or an extra
@@ -116,7 +116,12 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
         help="how requests are spread over replicas",
     )
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
-    p.add_argument("--profile", default="auto", help="fitted profile JSON, 'auto' (shipped) or 'roofline'")
+    p.add_argument(
+        "--profile",
+        default="auto",
+        help="fitted profile JSON, 'auto' (the shipped fitted profile, else the transferred model "
+        "simulator/profiles/transfer_h200.json) or 'roofline'",
+    )
 
 
 def sim_config_from_args(args: argparse.Namespace):
@@ -155,7 +160,7 @@ def resolve_profile(args: argparse.Namespace) -> Path | None:
         return None
     if args.profile == "auto":
         async_scheduling = getattr(args, "async_scheduling", False)
-        return default_profile(args.model, args.gpu, args.block_size, args.tp, async_scheduling)
+        return default_latency_file(args.model, args.gpu, args.block_size, args.tp, async_scheduling)
     return check_profile_file(args.profile)
 
 
@@ -343,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the confidence band: by default the run is repeated with every step time scaled by "
         "(1 - e) and (1 + e), e the fitted profile's held-back p90 relative error (decode and "
-        "prefill fits apart), and each figure is printed with its [low, high]; the two extra runs "
+        "prefill fits apart; the transferred model's: its leave-one-out p90 error), and each figure "
+        "is printed with its [low, high]; the two extra runs "
         "cost twice the CPU of the first (they run in processes beside it where the machine has two "
         "cores or more). The roofline has no band (its error is not measured)",
     )
@@ -377,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[None],
         help="fitted profile JSON, 'roofline' (default) or 'auto' (the shipped profile of the replay's "
-        "configuration); several: compared on every --real run",
+        "configuration, else the transferred model); several: compared on every --real run",
     )
     val.add_argument(
         "--repeat",

@@ -1,6 +1,6 @@
-"""What kvplan uses when nothing is said: the trace, model and GPU of a bare command, and the shipped
-fitted profile of a configuration. Light to import (no SimPy): the engine's profiler, the CLIs,
-sweeps and the dashboard all read their defaults here."""
+"""What kvplan uses when nothing is said: the trace, model and GPU of a bare command, and the latency
+model of a configuration (its shipped fitted profile, else the transferred model). Light to import
+(no SimPy): the engine's profiler, the CLIs, sweeps and the dashboard all read their defaults here."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ DEFAULT_TRACE = "azure_conv_2023"
 DEFAULT_MODEL = "qwen3-0.6b"
 DEFAULT_GPU = "H200"
 SHIPPED_PROFILE_DIR = Path(__file__).parent / "profiles"
+# The transferred latency model's coefficients (simulator/latency/transfer.py), fitted on the shipped
+# H200 sweeps: what a configuration without a fitted profile is priced with.
+TRANSFER_MODEL = SHIPPED_PROFILE_DIR / "transfer_h200.json"
 
 
 def default_profile(
@@ -28,3 +31,12 @@ def default_profile(
             if path.is_file():
                 return path
     return None
+
+
+def default_latency_file(
+    model: str, gpu: str, block_size: int, tp: int, async_scheduling: bool = False
+) -> Path:
+    """The latency model file a configuration runs on when none is named: its shipped fitted profile
+    where one matches (`default_profile`), else the transferred model's coefficients
+    (`TRANSFER_MODEL`), which price any model, GPU, TP and block size."""
+    return default_profile(model, gpu, block_size, tp, async_scheduling) or TRANSFER_MODEL

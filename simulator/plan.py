@@ -228,15 +228,19 @@ def option_latency(
     options: Sequence[Option], profile: str, model: str, async_scheduling: bool = False
 ) -> dict[Option, str]:
     """The latency model each option would be simulated with, before any run: 'fitted <file>' where
-    `profile` ('auto', 'roofline' or a file) gives a profile for its GPU, TP and block size, else
-    'roofline'."""
+    `profile` ('auto', 'roofline' or a file) gives a fitted profile for its GPU, TP and block size,
+    'transferred <file>' where it gives the transferred model's coefficients, else 'roofline'."""
+    from simulator.latency.transfer import is_transfer_file
     from simulator.run import latency_label
     from simulator.sweep import profile_for
 
     out: dict[Option, str] = {}
     for opt in options:
         path = profile_for(profile, model, opt.gpu, opt.block_size, opt.tp, async_scheduling)
-        out[opt] = latency_label("fitted", path.name) if path is not None else "roofline"
+        if path is None:
+            out[opt] = "roofline"
+        else:
+            out[opt] = latency_label("transferred" if is_transfer_file(path) else "fitted", path.name)
     return out
 
 
@@ -249,24 +253,29 @@ def like_with_like(
 ) -> tuple[str, str | None]:
     """The profile choice a plan over `options` runs with, and a line to show (None: nothing to say).
 
-    When some options would be fitted and others roofline, the plan compares like with like: every
-    option on the roofline (the one kind that covers them all), and the line says which options lost
+    When some options would be fitted and others not, the plan compares like with like: every
+    option on the model that covers them all (the transferred model where the others would take it,
+    `simulator.defaults.TRANSFER_MODEL`; else the roofline), and the line says which options lost
     their fitted profile. With `mix`, each option keeps its own model and the line warns of the mix.
     """
+    from simulator.defaults import TRANSFER_MODEL
+
     labels = option_latency(options, profile, model, async_scheduling)
-    fitted = [opt for opt, label in labels.items() if label != "roofline"]
+    fitted = [opt for opt, label in labels.items() if label.startswith("fitted")]
     if not fitted or len(fitted) == len(labels):
         return profile, None
+    common = "roofline" if "roofline" in labels.values() else "transferred"
+    common_name = "the roofline" if common == "roofline" else "the transferred model"
     names = "; ".join(f"{opt} ({labels[opt]})" for opt in fitted[:4])
     names += f"; and {len(fitted) - 4} more" if len(fitted) > 4 else ""
     if mix:
         return profile, (
             f"warning: {len(fitted)} of {len(labels)} options are simulated on fitted profiles and the "
-            f"others on the roofline ({names}); part of their differences comes from the models"
+            f"others on {common_name} ({names}); part of their differences comes from the models"
         )
-    return "roofline", (
+    return ("roofline" if common == "roofline" else str(TRANSFER_MODEL)), (
         f"note: only {len(fitted)} of {len(labels)} options have a fitted profile ({names}); every "
-        "option is simulated on the roofline to compare like with like (--mix-latency-models keeps "
+        f"option is simulated on {common_name} to compare like with like (--mix-latency-models keeps "
         "the fitted profiles where there are any)"
     )
 
@@ -872,8 +881,8 @@ def format_plan_band(band: PlanBand, result: PlanResult) -> str:
     objectives = result.objectives
     best = result.best
     lines = [
-        "Band (every step time x (1 -/+ e), e the option's fitted profile's held-back p90 relative "
-        "errors, decode and prefill apart):"
+        "Band (every step time x (1 -/+ e), e the held-back p90 relative errors of the option's fitted "
+        "profile or the leave-one-out p90 of the transferred model, decode and prefill apart):"
     ]
     if band.low is None and band.high is None:
         lines.append(f"  none: {band.note or 'not run'}")
@@ -1001,5 +1010,6 @@ def format_capacity_band(band: CapacityBand, result: CapacityResult) -> str:
         ends.append(f"{what} ({band.factors.get(side, '')}) {rate}")
     return (
         f"  band: max sustainable rate {bottom} to {top} req/s (every step time x (1 -/+ e), e the "
-        f"profile's held-back p90 relative errors): {'; '.join(ends)}; {band.num_simulations} more simulations"
+        f"held-back p90 relative errors of a fitted profile, the leave-one-out p90 of the transferred "
+        f"model): {'; '.join(ends)}; {band.num_simulations} more simulations"
     )

@@ -29,7 +29,7 @@ def _latency(s: dict) -> str:
     kind = s.get("latency_model") or "?"
     if not s.get("profile"):
         return kind
-    text = f"{kind} profile {s['profile']}"
+    text = f"{kind} {'model' if kind == 'transferred' else 'profile'} {s['profile']}"
     calibrated = s.get("profile_num_kv_blocks")
     if calibrated:
         text += f" (calibrated on a cache of {calibrated:,} KV blocks)"
@@ -41,7 +41,11 @@ def _extrapolation(s: dict) -> str:
     outside = s.get("steps_outside_fit")
     if outside is None:
         return (
-            "not checked (" + ("roofline" if s.get("latency_model") == "roofline" else "no fit ranges") + ")"
+            "not checked ("
+            + {"roofline": "roofline", "transferred": "transferred model"}.get(
+                s.get("latency_model"), "no fit ranges"
+            )
+            + ")"
         )
     text = f"{outside:,} of {s['sim_steps']:,} steps ({s.get('steps_outside_fit_share') or 0.0:.1%}) outside the fit's ranges"
     if outside:

@@ -173,15 +173,19 @@ def extrapolation(counting) -> dict:
 
 
 def latency_kind(latency: LatencyModel) -> str:
-    """'fitted' or 'roofline' (another model: its class name; a `ScaledModel`: the model it scales)."""
+    """'fitted', 'transferred' or 'roofline' (another model: its class name; a `ScaledModel`: the
+    model it scales)."""
     from simulator.latency.fitted import FittedModel
     from simulator.latency.roofline import RooflineModel
     from simulator.latency.scaled import ScaledModel
+    from simulator.latency.transfer import TransferredModel
 
     while isinstance(latency, ScaledModel):
         latency = latency.model
     if isinstance(latency, FittedModel):
         return "fitted"
+    if isinstance(latency, TransferredModel):
+        return "transferred"
     if isinstance(latency, RooflineModel):
         return "roofline"
     return type(latency).__name__
@@ -209,13 +213,15 @@ def latency_provenance(latency: LatencyModel, profile: str | Path | None = None)
 
 
 def latency_label(latency_model: str | None, profile: str | None = None) -> str:
-    """How a table names the latency model of a row: 'fitted qwen3-0.6b_h200_tp1_bs16.json', 'roofline'."""
+    """How a table names the latency model of a row: 'fitted qwen3-0.6b_h200_tp1_bs16.json',
+    'transferred transfer_h200.json', 'roofline'."""
     kind = latency_model or "?"
     return f"{kind} {Path(profile).name}" if profile else kind
 
 
 def load_latency(config: SimConfig, profile: str | Path | None = None) -> LatencyModel:
-    """The latency model of `config`: the fitted `profile`, else the roofline of its GPU."""
+    """The latency model of `config`: the fitted `profile` (or the transferred model of a
+    transferred model's file), else the roofline of its GPU."""
     gpu = get_gpu(config.gpu)
     return load_latency_model(profile, config.model, gpu, config.tensor_parallel_size, config.block_size)
 

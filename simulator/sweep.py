@@ -26,7 +26,7 @@ from typing import Any
 
 from simulator import share
 from simulator.config import ROUTERS, SimConfig
-from simulator.defaults import default_profile
+from simulator.defaults import default_latency_file
 from simulator.latency.base import LatencyModel
 from simulator.latency.gpus import get_gpu
 from simulator.metrics import SLO
@@ -361,12 +361,13 @@ def point_config(model: str, point: Mapping[str, Any]) -> SimConfig:
 def profile_for(
     profile: str, model: str, gpu: str, block_size: int, tp: int, async_scheduling: bool = False
 ) -> Path | None:
-    """The profile file a point uses: None for the roofline, the shipped one for 'auto' (if any; with
-    `async_scheduling`, the one calibrated with it where there is one)."""
+    """The profile file a point uses: None for the roofline, for 'auto' the shipped fitted one (with
+    `async_scheduling`, the one calibrated with it where there is one), else the transferred model's
+    (`simulator.defaults.default_latency_file`)."""
     if profile == "roofline":
         return None
     if profile == "auto":
-        return default_profile(model, gpu, block_size, tp, async_scheduling)
+        return default_latency_file(model, gpu, block_size, tp, async_scheduling)
     return Path(profile)
 
 

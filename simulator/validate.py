@@ -19,7 +19,7 @@ import pandas as pd
 
 from engine.model_spec import ModelSpec
 from simulator.config import SimConfig
-from simulator.defaults import default_profile
+from simulator.defaults import default_latency_file
 from simulator.latency.base import StepShape
 from simulator.latency.profile import check_profile_file, load_latency_model
 from simulator.metrics import add_latencies, summarize
@@ -122,8 +122,10 @@ def measured_column(steps: pd.DataFrame, latency=None) -> str:
     """The measured step time that `latency` predicts: the column its profile was fitted on, when it
     has one and the records carry it (shipped profiles fit wall_time_s), else gpu_time_s when present,
     else wall_time_s."""
-    fitted_on = getattr(getattr(latency, "profile", None), "target", None) or getattr(
-        getattr(latency, "summary", None), "target", None
+    fitted_on = (
+        getattr(getattr(latency, "profile", None), "target", None)
+        or getattr(getattr(latency, "summary", None), "target", None)
+        or getattr(latency, "target", None)
     )
     for column in (fitted_on, "gpu_time_s", "wall_time_s"):
         if column and column in steps.columns and steps[column].notna().any():
@@ -363,19 +365,16 @@ def format_matrix(matrix: pd.DataFrame) -> str:
 
 def validate_profile(name: str | None, run_dir: str | Path) -> Path | None:
     """A validate --profile: a file, 'roofline' (also the default) or 'auto' (the shipped profile
-    of the replay's model, GPU, TP, block size and scheduling)."""
+    of the replay's model, GPU, TP, block size and scheduling, else the transferred model's file)."""
     if name in (None, "roofline"):
         return None
     if name == "auto":
         config = sim_config_for(read_run(run_dir)[0])
-        path = default_profile(
+        return default_latency_file(
             config.model.name,
             config.gpu,
             config.block_size,
             config.tensor_parallel_size,
             config.async_scheduling,
         )
-        if path is None:
-            raise ValueError(f"--profile auto: no shipped profile for the configuration of {run_dir}")
-        return path
     return check_profile_file(name)

@@ -350,12 +350,17 @@ def load_latency_model(
     efficiency: RooflineEfficiency | None = None,
 ) -> LatencyModel:
     """The latency model for a configuration: the profile's `FittedModel` (after checking that the
-    profile matches model, gpu, tp and block_size; the loaded profile is its `.profile`) or, with
-    no profile, a `RooflineModel`."""
+    profile matches model, gpu, tp and block_size; the loaded profile is its `.profile`), the
+    `TransferredModel` of a transferred model's coefficients file (any configuration), or, with no
+    profile, a `RooflineModel`."""
     if profile_path is None:
         return RooflineModel(model, gpu, tp=tp, efficiency=efficiency)
     if efficiency is not None:
         raise ValueError("efficiency: applies to the roofline model only, not to a fitted profile")
+    from simulator.latency.transfer import is_transfer_file, load_transferred_model
+
+    if is_transfer_file(profile_path):
+        return load_transferred_model(profile_path, model, gpu, tp, block_size)
     profile = LatencyProfile.load(profile_path)
     try:
         profile.check_compatible(model=model, gpu=gpu, tp=tp, block_size=block_size)

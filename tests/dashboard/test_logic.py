@@ -273,19 +273,20 @@ def test_run_plan_compares_like_with_like_unless_asked_to_mix():
     assert out.latency_note == (
         "Only 1 of 2 options have a shipped fitted profile (H200-SXM tp=1 block=16 seqs=256 "
         "batched_tokens=16384 (fitted qwen3-0.6b_h200_tp1_bs16.json)): every option was simulated on the "
-        "roofline, to compare like with like. Turn on Mix latency models to keep the profiles."
+        "transferred model, to compare like with like. Turn on Mix latency models to keep the profiles."
     )
-    assert list(logic.plan_candidates(out.result)["latency model"]) == ["roofline", "roofline"]
+    transferred = "transferred transfer_h200.json"  # the model of options without a fitted profile
+    assert list(logic.plan_candidates(out.result)["latency model"]) == [transferred, transferred]
     assert logic.plan_latency_warning(out.result) is None
     mixed = logic.run_plan(
         trace, "qwen3-0.6b", logic.LATENCY_AUTO, objectives, **args, mix_latency_models=True
     )
     assert mixed.latency_note is None
     assert set(logic.plan_candidates(mixed.result)["latency model"].dropna()) <= {
-        "roofline",
+        transferred,
         "fitted qwen3-0.6b_h200_tp1_bs16.json",
     }
-    assert sorted(mixed.points["latency model"]) == ["fitted qwen3-0.6b_h200_tp1_bs16.json", "roofline"]
+    assert sorted(mixed.points["latency model"]) == ["fitted qwen3-0.6b_h200_tp1_bs16.json", transferred]
     assert logic.plan_latency_warning(mixed.result).startswith("warning: these results come from different")
 
 

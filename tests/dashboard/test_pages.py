@@ -203,9 +203,10 @@ def test_capacity_plan_compares_like_with_like_unless_mixed():
     button(at, "Plan").click().run()
     no_exceptions(at)
     assert any(
-        "every option was simulated on the roofline, to compare like with like" in t for t in texts(at.info)
+        "every option was simulated on the transferred model, to compare like with like" in t
+        for t in texts(at.info)
     )
-    assert set(frame(at, "why")["latency model"]) == {"roofline"}
+    assert set(frame(at, "why")["latency model"]) == {"transferred transfer_h200.json"}
     assert not any("different latency models" in t for t in texts(at.warning))
     at.toggle(key="cap_mix").set_value(True)
     button(at, "Plan").click().run()

@@ -1,7 +1,8 @@
 """Every planning result names its latency model, and comparisons across latency models say so.
 
 `kvplan plan` compares like with like: when only some options have a fitted profile, all run on the
-roofline unless --mix-latency-models. Sweep rows carry `latency_model` and `profile` columns.
+transferred model (the default of the others) unless --mix-latency-models. Sweep rows carry
+`latency_model` and `profile` columns.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import pandas as pd
 
 from simulator import plan, plan_cli
+from simulator.defaults import TRANSFER_MODEL
 from simulator.plan import Option
 from simulator.sweep import SweepSpec, run_sweep
 
@@ -19,6 +21,7 @@ H200_16 = Option("H200-SXM", 1, 16, 256, 16384)
 H200_256 = Option("H200-SXM", 1, 256, 256, 16384)
 H100_16 = Option("H100-SXM", 1, 16, 256, 16384)
 FITTED_16 = "fitted qwen3-0.6b_h200_tp1_bs16.json"
+TRANSFERRED = "transferred transfer_h200.json"
 
 
 def run(argv: list[str]) -> int:
@@ -30,25 +33,25 @@ def run(argv: list[str]) -> int:
 
 def test_option_latency_names_the_profile_each_option_would_use():
     got = plan.option_latency([H200_16, H200_256, H100_16], "auto", "qwen3-0.6b")
-    assert got == {H200_16: FITTED_16, H200_256: "fitted qwen3-0.6b_h200_tp1_bs256.json", H100_16: "roofline"}
+    assert got == {H200_16: FITTED_16, H200_256: "fitted qwen3-0.6b_h200_tp1_bs256.json", H100_16: TRANSFERRED}
     assert plan.option_latency([H200_16], "auto", "qwen3-0.6b", async_scheduling=True) == {
         H200_16: "fitted qwen3-0.6b_h200_tp1_bs16_async.json"
     }
     assert plan.option_latency([H200_16], "roofline", "qwen3-0.6b") == {H200_16: "roofline"}
 
 
-def test_like_with_like_puts_a_mixed_plan_on_the_roofline():
+def test_like_with_like_puts_a_mixed_plan_on_the_transferred_model():
     profile, note = plan.like_with_like([H200_16, H100_16], "auto", "qwen3-0.6b")
-    assert profile == "roofline"
+    assert profile == str(TRANSFER_MODEL)
     assert note == (
         "note: only 1 of 2 options have a fitted profile (H200-SXM tp=1 block=16 seqs=256 "
-        f"batched_tokens=16384 ({FITTED_16})); every option is simulated on the roofline to compare "
-        "like with like (--mix-latency-models keeps the fitted profiles where there are any)"
+        f"batched_tokens=16384 ({FITTED_16})); every option is simulated on the transferred model to "
+        "compare like with like (--mix-latency-models keeps the fitted profiles where there are any)"
     )
     profile, note = plan.like_with_like([H200_16, H100_16], "auto", "qwen3-0.6b", mix=True)
     assert profile == "auto"
     assert note.startswith(
-        "warning: 1 of 2 options are simulated on fitted profiles and the others on the roofline"
+        "warning: 1 of 2 options are simulated on fitted profiles and the others on the transferred model"
     )
     # one kind throughout: nothing to change or say
     assert plan.like_with_like([H200_16, H200_256], "auto", "qwen3-0.6b") == ("auto", None)
@@ -83,9 +86,9 @@ def test_plan_compares_like_with_like_by_default(capsys):
     assert run(PLAN_ARGV) == 0
     captured = capsys.readouterr()
     assert captured.err.startswith("note: only 1 of 2 options have a fitted profile (H200-SXM tp=1 block=16")
-    assert "\nLatency: roofline\n" in captured.out
+    assert f"\nLatency: {TRANSFERRED}\n" in captured.out
     assert (
-        "Best: 1 x (H100-SXM tp=1 block=16 seqs=256 batched_tokens=16384) = 1 GPUs, $2.69/h [roofline]"
+        f"Best: 1 x (H100-SXM tp=1 block=16 seqs=256 batched_tokens=16384) = 1 GPUs, $2.69/h [{TRANSFERRED}]"
         in (captured.out)
     )
 
@@ -94,7 +97,7 @@ def test_plan_mixes_latency_models_only_when_asked(capsys):
     assert run([*PLAN_ARGV, "--mix-latency-models", "--exhaustive"]) == 0
     captured = capsys.readouterr()
     assert captured.err.startswith("warning: 1 of 2 options are simulated on fitted profiles")
-    assert f"\nLatency: roofline (1 rows), {FITTED_16} (1 rows)\n" in captured.out
+    assert f"\nLatency: {TRANSFERRED} (1 rows), {FITTED_16} (1 rows)\n" in captured.out
     assert f"[feasible] 1 x (H200-SXM tp=1 block=16 seqs=256 batched_tokens=16384) $3.59/h [{FITTED_16}]" in (
         captured.out
     )
@@ -107,15 +110,14 @@ def test_sweep_rows_name_their_latency_model_and_warn_when_mixed(tmp_path, capsy
     assert run(["sweep", str(spec), "--out", str(out), "--workers", "1", "--quiet"]) == 0
     df = pd.read_parquet(out)
     assert df["gpu"].tolist() == ["H100", "H200"]
-    assert df["latency_model"].tolist() == ["roofline", "fitted"]
-    assert df["profile"].isna().tolist() == [True, False]  # the roofline has no profile
-    assert df["profile"][1] == "qwen3-0.6b_h200_tp1_bs16.json"
+    assert df["latency_model"].tolist() == ["transferred", "fitted"]  # H100: no fitted profile
+    assert df["profile"].tolist() == ["transfer_h200.json", "qwen3-0.6b_h200_tp1_bs16.json"]
     assert df["profile_choice"].tolist() == ["auto", "auto"]
     assert df["num_kv_blocks_per_replica"].tolist() == [40652, 72145]  # both from GPU memory
     assert df["profile_num_kv_blocks"].tolist()[1] == 8192  # the calibration's cache, recorded
     assert df["kv_blocks_source"].tolist() == ["gpu_memory", "gpu_memory"]
     warning = (
-        "warning: these results come from different latency models (roofline (1 rows), "
+        f"warning: these results come from different latency models ({TRANSFERRED} (1 rows), "
         "fitted qwen3-0.6b_h200_tp1_bs16.json (1 rows)); part of their differences comes from the models, "
         "not the configurations\n"
     )
