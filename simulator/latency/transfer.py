@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from engine.decode_splits import split_block, split_unit
+from engine.decode_splits import balance_programs, grid_splits, split_block, split_unit, target_split_units
 from engine.model_spec import ModelSpec, dtype_bytes
 from simulator.latency.base import (
     BatchShape,
@@ -379,7 +379,9 @@ class TransferredModel(LatencyModelBase):
         self._gmax = self.max_graph_batch_size
         self._balanced = self.split_kv.balanced
         self._base: dict[int, tuple[float, float]] = {}  # padded b -> (time of no tokens, per token of L)
-        self._splits_of_b: dict[int, int] = {}
+        self._splits_of_b: dict[int, int] = {}  # unbalanced kernel: padded b -> splits
+        self._split_consts: dict[int, tuple[int, int]] = {}  # balanced: padded b -> (unit, balance)
+        self._split_memo: dict[tuple[int, int, int], int] = {}  # (b, units, target units) -> splits
         self._overlapped_model: TransferredModel | None = None
 
     def __repr__(self) -> str:
@@ -440,11 +442,28 @@ class TransferredModel(LatencyModelBase):
         return base
 
     def _splits(self, b: int, num_context_tokens: int, max_seq_len: int) -> int:
-        if self._balanced:
-            return self.split_kv.divisor(b, num_context_tokens, max_seq_len)
-        splits = self._splits_of_b.get(b)
+        """`split_kv.divisor(b, ...)`, memoised: a balanced step's splits depend on b, the longest
+        sequence's split units and the step's target units per split only."""
+        if not self._balanced:
+            splits = self._splits_of_b.get(b)
+            if splits is None:
+                splits = self._splits_of_b[b] = self.split_kv.num_splits(b)
+            return splits
+        kv = self.split_kv
+        consts = self._split_consts.get(b)
+        if consts is None:
+            grid = grid_splits(b, kv.num_kv_heads, kv.num_sms)
+            consts = self._split_consts[b] = (
+                split_unit(kv.split_block_size),
+                balance_programs(kv.num_sms, True, grid),
+            )
+        unit, balance = consts
+        units = (max_seq_len + unit - 1) // unit or 1
+        target = target_split_units(num_context_tokens + b, kv.num_kv_heads, kv.split_block_size, balance)
+        key = (b, units, target)
+        splits = self._split_memo.get(key)
         if splits is None:
-            splits = self._splits_of_b[b] = self.split_kv.num_splits(b)
+            splits = self._split_memo[key] = kv.divisor(b, num_context_tokens, max_seq_len)
         return splits
 
     def decode_step_time(self, num_seqs: int, num_context_tokens: int, max_seq_len: int) -> float:
@@ -452,6 +471,31 @@ class TransferredModel(LatencyModelBase):
         base, entry = self._base_of(b)
         splits = self._splits(b, num_context_tokens, max_seq_len)
         return base + self._kv * num_context_tokens + (entry + self._split / splits) * max_seq_len
+
+    def _leading_decode_times(
+        self,
+        num_seqs: int,
+        num_context_tokens: int,
+        max_seq_len: int,
+        max_steps: int,
+        start: float,
+        deadline: float,
+    ) -> list[float]:
+        """The reference loop with `decode_step_time` inlined: its float operations, in its order."""
+        b = self._padded(num_seqs)
+        base, entry = self._base_of(b)
+        kv, split, splits_of = self._kv, self._split, self._splits
+        times = [start]
+        append = times.append
+        t, ctx, length = start, num_context_tokens, max_seq_len
+        for _ in range(max_steps):
+            if t >= deadline:
+                break
+            t = t + (base + kv * ctx + (entry + split / splits_of(b, ctx, length)) * length)
+            append(t)
+            ctx += num_seqs
+            length += 1
+        return times
 
     def _decode_step_array(
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int, num_steps: int

@@ -333,3 +333,18 @@ def test_its_band_is_its_leave_one_out_error(qwen06):
     assert errors.source == "largest leave-one-out p90 relative step-time error of transfer_h200.json"
     assert profile_band_errors(TRANSFER_MODEL) == errors
     assert 0 < errors.decode < 1 and not math.isnan(errors.prefill)
+
+
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_memoised_splits_are_the_kernels_rule(block_size):
+    """The balanced kernel's splits, memoised by (padded batch, split units, target units), equal
+    `SplitKV.divisor` (`engine.decode_splits`) step for step, also along decode runs."""
+    model = TransferredModel(KNOWN, tiny(), "h200", 1, block_size, max_graph_batch_size=256)
+    rng = np.random.default_rng(block_size)
+    for _ in range(3000):
+        b = int(rng.choice([1, 2, 4, 8, 16, 32, 64, 128, 256]))
+        length = int(rng.integers(1, 40_000))
+        ctx = int(rng.integers(length - 1, b * length + 1))
+        for step in range(3):  # a run: context + b a step, the longest sequence + 1
+            c, m = ctx + step * b, length + step
+            assert model._splits(b, c, m) == model.split_kv.divisor(b, c, m), (b, c, m)
