@@ -1,7 +1,7 @@
 """Lazy prefix registration: the simulator's `BlockManager`, beside the core, with the same outcomes.
 
 `LazyBlockManager` leaves the full blocks after a sequence's fresh, never found first block cached
-but unhashed and unregistered until someone finds that first block. Blocks ids, hits, eviction order
+but unhashed and unregistered until someone finds that first block. Block ids, hits, eviction order
 and counts equal the core's eager registration (tests/control_plane/test_lazy_registration.py and
 the lockstep tests in test_properties.py hold it to that). The engine never uses it.
 """
