@@ -33,7 +33,11 @@ def run(argv: list[str]) -> int:
 
 def test_option_latency_names_the_profile_each_option_would_use():
     got = plan.option_latency([H200_16, H200_256, H100_16], "auto", "qwen3-0.6b")
-    assert got == {H200_16: FITTED_16, H200_256: "fitted qwen3-0.6b_h200_tp1_bs256.json", H100_16: TRANSFERRED}
+    assert got == {
+        H200_16: FITTED_16,
+        H200_256: "fitted qwen3-0.6b_h200_tp1_bs256.json",
+        H100_16: TRANSFERRED,
+    }
     assert plan.option_latency([H200_16], "auto", "qwen3-0.6b", async_scheduling=True) == {
         H200_16: "fitted qwen3-0.6b_h200_tp1_bs16_async.json"
     }
