@@ -34,7 +34,15 @@ class RoundRobinRouter(Router):
 
 class LeastOutstandingRouter(Router):
     def choose(self, prompt: list[int]):
-        return min(self.replicas, key=lambda r: (r.outstanding_tokens, r.index))
+        """The replica with the fewest outstanding tokens, of those the lowest index."""
+        replicas = self.replicas
+        best = replicas[0]
+        fewest = best.outstanding_tokens
+        for replica in replicas:
+            tokens = replica.outstanding_tokens
+            if tokens < fewest or (tokens == fewest and replica.index < best.index):
+                best, fewest = replica, tokens
+        return best
 
 
 def least_outstanding_lead(outstanding: int, index: int, others: list[int]) -> int:

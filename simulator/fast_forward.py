@@ -37,16 +37,36 @@ class FastForwardScheduler(Scheduler):
         self._plain_decodes = False
         # the last run's (num_seqs, num_context_tokens, max_seq_len) at its first step, and its steps
         self.last_run: tuple[int, int, int, int] | None = None
+        # Hold a run that the deadline stopped (`_HeldRun`): its steps are applied to the requests and
+        # blocks only when something is to read them or the run cannot go on, so a run that the next
+        # call continues is applied once. For a simulator in which nothing but this scheduler's own
+        # calls and `settle` reads its requests or blocks between its segments.
+        self.hold_runs = False
+        self._held: _HeldRun | None = None
+
+    def settle(self) -> None:
+        """Apply the held run's steps, if any (see `hold_runs`)."""
+        if self._held is not None:
+            self._apply_held()
 
     def schedule(self) -> ScheduledBatch:
+        if self._held is not None:
+            self._apply_held()
         self._decode_steps_left = None
         self._plain_decodes = False
         return super().schedule()
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Seq[int | None]) -> list[Sequence]:
+        if self._held is not None:
+            self._apply_held()
         self._decode_steps_left = None
         self._plain_decodes = False
         return super().postprocess(batch, sampled_token_ids)
+
+    def schedule_reads_no_token_values(self) -> bool:
+        if self._held is not None:
+            self._apply_held()
+        return super().schedule_reads_no_token_values()
 
     def drain_itl(self) -> tuple[array, array, list[tuple[Seq[float], int]]]:
         """Hand over the recorded inter-token gaps (gaps, weights, fast-forwarded runs) and start
@@ -57,6 +77,7 @@ class FastForwardScheduler(Scheduler):
 
     def itl_histogram(self) -> dict[float, int]:
         """Inter-token gap (s) -> how many tokens saw it, stepped and fast-forwarded steps alike."""
+        self.settle()
         hist: dict[float, int] = {}
         for gap, count in zip(self.itl_gaps, self.itl_weights):
             hist[gap] = hist.get(gap, 0) + count
@@ -104,6 +125,11 @@ class FastForwardScheduler(Scheduler):
         are identical to stepping. Every sequence gets `token_id` at each step.
         Returns (steps run, end time, requests finished in the last step).
         """
+        held = self._held
+        if held is not None:
+            if held.goes_on(self, decode_times, start, token_id, max_steps):
+                return self._extend_held(deadline)
+            self._apply_held()
         running = self.running
         if not running or self._finished_outside_step or not self.waiting_blocked():
             return 0, start, []
@@ -118,6 +144,9 @@ class FastForwardScheduler(Scheduler):
             return 0, start, []
         self.last_run = (*shape, k)
         end = float(times[k])
+        if self.hold_runs and k == len(times) - 1 < k_max:  # the deadline stopped it: hold it
+            self._held = _HeldRun(self, decode_times, times, computed, shape, k_max, token_id, max_steps)
+            return k, end, []
         done = self._advance_run(times[: k + 1], end, token_id, check_stop=k == k_max)
         self._take_and_register_run_blocks(k, computed, near)
         return k, end, self._finish_run(done, end, token_id, k_max - k if k_max < max_steps else None)
@@ -147,10 +176,53 @@ class FastForwardScheduler(Scheduler):
             k, near = self._cap_run(len(times) - 1, computed, token_id)
             if k > 0:
                 self.last_run = (*shape, k)
+                if self.hold_runs and k == len(times) - 1 < k_max:  # stopped by the deadline
+                    self.postprocess(batch, [token_id] * batch.num_seqs)  # none finishes in it
+                    self._held = _HeldRun(
+                        self, decode_times, times, computed, shape, k_max, token_id, max_steps
+                    )
+                    return k, float(times[k]), []
                 left = k_max - k if k_max < max_steps else None
                 return self._run_after_step(times[: k + 1], k == k_max, computed, near, token_id, left)
         finished = self.postprocess(batch, [token_id] * batch.num_seqs)
         return 0, now, finished
+
+    def _extend_held(self, deadline: float) -> tuple[int, float, list[Sequence]]:
+        """`fast_forward` from the held run's end: its steps priced on, up to `deadline`, then
+        capped over the whole run as from its first step; held again where the deadline stops it.
+        Returns the steps added (as `fast_forward`)."""
+        held = self._held
+        times, k0 = held.times, len(held.times) - 1
+        start = times[k0]
+        n, context, longest = held.shape
+        more = held.decode_times(n, context + k0 * n, longest + k0, held.k_max - k0, start, deadline)
+        times += more[1:]
+        total, near = self._cap_run(len(times) - 1, held.computed, held.token_id)
+        k = total - k0
+        if k <= 0:  # the run's next step would preempt, or hit the waiting head's prefix
+            del times[k0 + 1 :]
+            self._apply_held()
+            return 0, start, []
+        self.last_run = (n, context + k0 * n, longest + k0, k)
+        end = float(times[total])
+        if total == len(times) - 1 < held.k_max:  # the deadline stopped it again
+            return k, end, []
+        del times[total + 1 :]
+        return k, end, self._apply_held(near)
+
+    def _apply_held(self, near: list[int] | None = None) -> list[Sequence]:
+        """Apply the held run's steps (`near`: `_near_block_ends` of at least its steps, if known);
+        the requests it finished."""
+        held, self._held = self._held, None
+        times, computed, token_id = held.times, held.computed, held.token_id
+        k = len(times) - 1
+        if near is None:
+            near = _near_block_ends(computed, self.block_manager.block_size, k)
+        end = float(times[k])
+        done = self._advance_run(times, end, token_id, check_stop=k == held.k_max)
+        self._take_and_register_run_blocks(k, computed, near)
+        steps_left = held.k_max - k if held.k_max < held.max_steps else None
+        return self._finish_run(done, end, token_id, steps_left)
 
     def _run_limit_after_step(self, batch: ScheduledBatch, max_steps: int, computed: list[int]) -> int:
         """`_decode_run_limit` of the state after `batch` is postprocessed: 0 unless every running
@@ -177,11 +249,15 @@ class FastForwardScheduler(Scheduler):
             add(c)
         return k_max
 
-    def _cap_run(self, k: int, computed: list[int], token_id: int) -> tuple[int, list[int]]:
+    def _cap_run(self, k: int, computed: list[int], token_id: int) -> tuple[int, list[int] | None]:
         """Cap a run of k decode steps of the running requests (`computed` tokens before it) before a
         preemption or a new prefix hit of the waiting head (see `fast_forward`); with the run's
-        `near` indices (`_near_block_ends` of k)."""
-        near = _near_block_ends(computed, self.block_manager.block_size, k)
+        `near` indices (`_near_block_ends` of k), or None where neither can happen (every request
+        opening k // bs + 1 blocks finds them free, and no request waits)."""
+        bm = self.block_manager
+        if not self.waiting and len(computed) * (k // bm.block_size + 1) <= bm.num_free_blocks:
+            return k, None
+        near = _near_block_ends(computed, bm.block_size, k)
         k = self._steps_before_preemption(k, near, computed)
         if self.waiting and self.block_manager.enable_prefix_caching:
             k = self._stop_before_new_hit(k, token_id, near, computed)
@@ -346,12 +422,14 @@ class FastForwardScheduler(Scheduler):
                 self.itl_runs.append((times[1:], len(running)))
         return done
 
-    def _take_and_register_run_blocks(self, k: int, computed: list[int], near: list[int]) -> None:
+    def _take_and_register_run_blocks(self, k: int, computed: list[int], near: list[int] | None) -> None:
         """Allocate and register the blocks of k decode steps after `_advance_run`. `computed`: the
         running requests' computed tokens before the run; `near`: the indices among them that
-        `_near_block_ends` gives for at least k steps (the others open and fill no block)."""
+        `_near_block_ends` gives for at least k steps (the others open and fill no block), or None."""
         bm, running = self.block_manager, self.running
         bs, caching = bm.block_size, bm.enable_prefix_caching
+        if near is None:
+            near = _near_block_ends(computed, bs, k)
         opens: list[tuple[int, int]] = []  # (the step that opens the sequence's next block, index)
         fills: list[tuple[Sequence, int]] = []  # (sequence, computed tokens after the steps)
         for idx in near:  # one pass: the blocks each sequence opens and whether it fills one
@@ -433,6 +511,38 @@ class FastForwardScheduler(Scheduler):
                 bm.cache_full_blocks(seq, computed[idx] + j - 1)
             else:
                 bm.take_free_blocks(seq.block_table, 1)
+
+
+class _HeldRun:
+    """A decode run that `FastForwardScheduler.hold_runs` keeps unapplied: its decode times (the
+    function, and the end times so far from the run's start), the running requests' computed tokens
+    and shape before it, its step limit, token and max_steps, and what it may go on with: the same
+    waiting requests (a blocked head whose prefix the run's cap checks, or none)."""
+
+    __slots__ = ("decode_times", "times", "computed", "shape", "k_max", "token_id", "max_steps", "waiting")
+
+    def __init__(self, sched, decode_times, times, computed, shape, k_max, token_id, max_steps) -> None:
+        self.decode_times = decode_times
+        self.times = list(times)
+        self.computed = computed
+        self.shape = shape
+        self.k_max = k_max
+        self.token_id = token_id
+        self.max_steps = max_steps
+        self.waiting = (len(sched.waiting), sched.waiting[0] if sched.waiting else None)
+
+    def goes_on(self, sched, decode_times, start: float, token_id: int, max_steps: int) -> bool:
+        """Whether a `fast_forward(decode_times, start, ..., token_id, max_steps)` of `sched` is this
+        run going on: from its end, with nothing queued or finished outside a step since."""
+        waiting = sched.waiting
+        return (
+            decode_times is self.decode_times
+            and start == self.times[-1]
+            and token_id == self.token_id
+            and max_steps == self.max_steps
+            and not sched._finished_outside_step
+            and self.waiting == (len(waiting), waiting[0] if waiting else None)
+        )
 
 
 _get_num_computed_tokens = attrgetter("num_computed_tokens")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from array import array
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
@@ -184,7 +185,8 @@ class RouteAhead:
         self._tokens_before = None  # least_outstanding: prompt + output tokens of arrivals [0, i)
         if not self.round_robin:
             tokens = np.asarray(prompt_lens, dtype=np.int64) + np.asarray(output_lens, dtype=np.int64)
-            self._tokens_before = np.concatenate(([0], np.cumsum(tokens)))
+            # an int64 array: bisect reads it as Python ints (a numpy call costs more than the search)
+            self._tokens_before = array("q", np.concatenate(([0], np.cumsum(tokens))).tobytes())
         for replica in replicas:
             replica.own = NextArrival()
             if self.round_robin:
@@ -225,7 +227,7 @@ class RouteAhead:
         lead = least_outstanding_lead(replica.outstanding_tokens, replica.index, self.outstanding)
         if lead > 0:  # the arrivals from i on that bring the others `lead` tokens go elsewhere
             before = self._tokens_before
-            i = int(before.searchsorted(before[i] + lead))
+            i = bisect_left(before, before[i] + lead)
         self._set(replica.own, i)
 
 
@@ -330,6 +332,10 @@ class Replica:
     # Compute the steps that end before the next arrival event without waiting for SimPy between
     # them (see `_serve`); False waits after every step (the reference the tests compare with).
     chain_steps = True
+    # Where the router reads no replica's requests or blocks: hold a run that another replica's
+    # possible arrival stops, so that it is applied once (`FastForwardScheduler.hold_runs`); False
+    # applies every run as it stops (the reference the tests compare with).
+    hold_runs = True
 
     def __init__(
         self,
@@ -667,6 +673,7 @@ class Replica:
         if len(sched.itl_runs) >= 4096 or len(sched.itl_gaps) >= 65536:
             self.itl.fold(sched)
         if self.clock - self._last_sample >= self.config.timeline_interval_s:
+            sched.settle()  # the blocks a held run takes
             self._last_sample = self.clock
             s, waiting = self.scheduler, self.scheduler.num_waiting
             if self.inbox:  # async: arrived requests the scheduler has not seen yet wait too
@@ -742,6 +749,10 @@ def simulate(
         df["output_len"].to_numpy(),
         config.async_scheduling,
     )
+    if route_ahead is not None and not config.async_scheduling:
+        # the router reads no replica's requests or blocks (only outstanding tokens, or nothing)
+        for replica in replicas:
+            replica.scheduler.hold_runs = replica.hold_runs
     vocab = synthetic_vocab_size(config.model.vocab_size, config.block_size)
     # the prompts the scheduler would reject are not generated (but for a router that reads them):
     # a list of that many placeholder tokens stands in, dropped once the request is recorded
@@ -777,6 +788,8 @@ def simulate(
 
     env.process(arrival_process())
     env.run()
+    for replica in replicas:
+        replica.scheduler.settle()
     for replica in replicas:  # the run is over: let its per-arrival arrays go (24 MB a million)
         replica.route_ahead = None
     return SimRun(config, replicas, num_kv_blocks, time.perf_counter() - t0, getattr(trace, "name", ""))

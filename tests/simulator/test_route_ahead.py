@@ -186,3 +186,40 @@ def test_lagged_times_price_one_step_more_as_the_run_would(qwen06, span):
     assert times[: k + 2] == reference and counted.count.decode == 0
     counted.count_run(n, ctx, length, k + 1)
     assert counted.count.decode == k + 1 - (k // 2 + 1)
+
+
+@pytest.mark.parametrize("num_kv_blocks", [400, 120])  # 120: runs capped before preemptions
+@pytest.mark.parametrize("policy", ["chunked", "prefill_first"])
+def test_held_runs_equal_runs_applied_as_they_stop(
+    busy_trace, small_config, monkeypatch, num_kv_blocks, policy
+):
+    """Runs held past other replicas' arrivals (`FastForwardScheduler.hold_runs`) and applied once:
+    every table, the ITL, the summary and the capacity use of runs applied where they stop."""
+    from simulator.fast_forward import FastForwardScheduler
+    from simulator.run import collect, simulate_config
+    from simulator.sim import Replica
+
+    config = small_config(
+        num_replicas=4,
+        router="least_outstanding",
+        policy=policy,
+        num_kv_blocks=num_kv_blocks,
+        timeline_interval_s=0.05,
+    )
+    latency = RooflineModel(config.model, config.gpu, config.tensor_parallel_size)
+    extended = []
+    extend = FastForwardScheduler._extend_held
+    monkeypatch.setattr(FastForwardScheduler, "_extend_held", lambda s, d: extended.append(d) or extend(s, d))
+    held = simulate_config(busy_trace, config, latency=latency)
+    monkeypatch.setattr(Replica, "hold_runs", False)
+    applied = simulate_config(busy_trace, config, latency=latency)
+    assert len(extended) > 100
+    a, b = collect(held), collect(applied)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.timeline, b.timeline, check_exact=True)
+    assert np.array_equal(a.itl[0], b.itl[0]) and np.array_equal(a.itl[1], b.itl[1])
+    skip = {"sim_wall_s", "sim_speedup"}
+    assert {k: v for k, v in a.summary.items() if k not in skip} == {
+        k: v for k, v in b.summary.items() if k not in skip
+    }
+    assert [r.capacity for r in held.replicas] == [r.capacity for r in applied.replicas]
