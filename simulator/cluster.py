@@ -51,13 +51,21 @@ def least_outstanding_lead(outstanding: int, index: int, others: list[int]) -> i
     replica's outstanding tokens from above (by index, `index`'s own entry ignored; a replica's
     count only grows by what it is sent). It is chosen only when every other one holds more, or as
     many from a higher index."""
-    lead = 0
+    return least_outstanding_needs(outstanding, index, others)[0]
+
+
+def least_outstanding_needs(outstanding: int, index: int, others: list[int]) -> tuple[int, int]:
+    """(`least_outstanding_lead`, how many other replicas must be sent a request first): each one
+    the router would choose before `index` now must be sent at least one, and one arrival goes to
+    one replica, so at least that many arrivals go elsewhere before `index` can be chosen."""
+    lead = count = 0
     for q, o in enumerate(others):
         if q != index:
             need = outstanding + (q < index) - o
             if need > 0:
                 lead += need
-    return lead
+                count += 1
+    return lead, count
 
 
 class PrefixAwareRouter(Router):

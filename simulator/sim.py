@@ -36,7 +36,7 @@ from engine.core.scheduler import can_run_ahead, follows, schedules_ahead
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.records import request_record
 from engine.sampling_params import SamplingParams
-from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_lead, make_router
+from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_needs, make_router
 from simulator.config import SimConfig
 from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
 from simulator.latency.base import LatencyModel
@@ -224,10 +224,11 @@ class RouteAhead:
         """least_outstanding: the first arrival that could be sent to `replica`, as it is now."""
         replica.own_stale = False
         i = self.next_index
-        lead = least_outstanding_lead(replica.outstanding_tokens, replica.index, self.outstanding)
-        if lead > 0:  # the arrivals from i on that bring the others `lead` tokens go elsewhere
+        lead, count = least_outstanding_needs(replica.outstanding_tokens, replica.index, self.outstanding)
+        if lead > 0:  # the arrivals from i on that bring the others `lead` tokens go elsewhere,
+            # and so do the first `count` (one for each replica the router would choose first)
             before = self._tokens_before
-            i = bisect_left(before, before[i] + lead)
+            i = max(bisect_left(before, before[i] + lead), i + count)
         self._set(replica.own, i)
 
 

@@ -188,6 +188,15 @@ def test_lagged_times_price_one_step_more_as_the_run_would(qwen06, span):
     assert counted.count.decode == k + 1 - (k // 2 + 1)
 
 
+def test_least_outstanding_needs_one_arrival_for_each_replica_chosen_first():
+    from simulator.cluster import least_outstanding_needs
+
+    # replicas 0 and 2 would be chosen before replica 1 (100 tokens): each must be sent one first
+    assert least_outstanding_needs(100, 1, [40, 999, 90, 150]) == (61 + 10, 2)
+    assert least_outstanding_needs(100, 1, [101, 999, 100, 150]) == (0, 0)
+    assert least_outstanding_needs(0, 2, [0, 0, 0]) == (2, 2)
+
+
 @pytest.mark.parametrize("num_kv_blocks", [400, 120])  # 120: runs capped before preemptions
 @pytest.mark.parametrize("policy", ["chunked", "prefill_first"])
 def test_held_runs_equal_runs_applied_as_they_stop(
