@@ -353,7 +353,7 @@ def test_validation_runs(validation_root, monkeypatch):
 
 def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
     """On the shipped H200 replays, a run opens with the profile of the engine that served it: the
-    `_async` one for an async-scheduling replay (x8 then meets all 7 targets), the synchronous one
+    `_async` one for an async-scheduling replay (azure_code's 12x window then meets all 7 targets), the synchronous one
     for the synchronous replays, and the roofline for a run whose run.json names no decode kernel."""
     from simulator.defaults import SHIPPED_PROFILE_DIR
 
@@ -361,7 +361,9 @@ def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
     monkeypatch.setenv("KVPLAN_VALIDATION_DIR", str(runs))
     at = app_on("validation")
     expected = {
-        "h200_qwen3-0.6b_bs16_async_x8": str(SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"),
+        "h200_qwen3-0.6b_bs16_async_azure-code_x12": str(
+            SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
+        ),
         "h200_qwen3-0.6b_bs256_light": str(SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"),
         "h200_qwen3-8b_bs16_async_x3": str(SHIPPED_PROFILE_DIR / "qwen3-8b_h200_tp1_bs16_async.json"),
         "h200_qwen3-0.6b_bs16_fa4decode_light": "roofline / none",
@@ -370,7 +372,7 @@ def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
         at.selectbox(key="val_run").set_value(str(runs / run)).run()
         no_exceptions(at)
         assert at.selectbox(key="val_profile").value == profile, run
-    at.selectbox(key="val_run").set_value(str(runs / "h200_qwen3-0.6b_bs16_async_x8")).run()
+    at.selectbox(key="val_run").set_value(str(runs / "h200_qwen3-0.6b_bs16_async_azure-code_x12")).run()
     assert any("7 of 7 targeted metrics" in t for t in texts(at.success)), texts(at.warning)
 
 

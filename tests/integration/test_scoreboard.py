@@ -87,14 +87,15 @@ def test_a_bad_suite_names_the_file_and_the_entry(tmp_path):
 
 
 def test_pinned_shipped_suite_scoreboard():
-    """Pinned to the shipped replays (detects change in measured data, not correctness): the held-out
-    replays of the block-16 async profile, mooncake_synthetic and azure_code_2023 windows served on
-    2026-12-02, meet 16 of 35 targets; the simulated knees fall inside the real replays' bracket for
-    mooncake_synthetic and azure_conv_2023, and above it for azure_code_2023."""
+    """Pinned to the shipped replays (detects change in measured data, not correctness): the nine
+    held-out replays of the block-16 async profile, mooncake_synthetic and azure_code_2023 windows
+    served on 2026-12-02, meet 41 of 63 targets; the simulated knees fall inside the real replays'
+    bracket for mooncake_synthetic (4.29x in 4.2-4.6x) and azure_conv_2023, and just above it for
+    azure_code_2023 (12.1x against 10-12x)."""
     suite = load_suite(VALIDATION / "suite.json")
     rows, families = run_suite(suite, lambda run: PROFILE, progress=False)
     held = rows[rows["held_out"]]
-    assert (len(held), int(held["targets_met"].sum())) == (5, 16)
+    assert (len(held), int(held["targets_met"].sum())) == (9, 41)
     knees = families.set_index("family")
     inside = knees["real_passes_at"] <= knees["simulated_knee"]
     inside &= knees["simulated_knee"] <= knees["real_fails_at"]

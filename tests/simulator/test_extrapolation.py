@@ -53,7 +53,7 @@ def test_decode_run_outside_is_the_step_by_step_count():
 
 @pytest.mark.parametrize(
     ("path", "async_scheduling", "want"),
-    [(PROFILE, False, (2295, 110)), (ASYNC_PROFILE, True, (2312, 113))],
+    [(PROFILE, False, (2295, 110)), (ASYNC_PROFILE, True, (2308, 114))],
 )
 def test_fast_forward_counts_what_stepping_counts(trace, path, async_scheduling, want):
     counts = []
