@@ -336,7 +336,9 @@ def test_kvplan_fit_can_infer_overlapped_steps_of_older_async_records(tmp_path, 
         0,
         2,
     )
-    assert main(["fit", "--records", str(sample), "--like", str(like), "--out", str(tmp_path / "rec.json")]) == 0
+    assert (
+        main(["fit", "--records", str(sample), "--like", str(like), "--out", str(tmp_path / "rec.json")]) == 0
+    )
     older = tmp_path / "older.parquet"
     records.drop(columns="overlapped").to_parquet(older, index=False)
     out = tmp_path / "inferred.json"
