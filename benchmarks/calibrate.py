@@ -2,7 +2,8 @@
 
 Makes a random-weight checkpoint of a real shape, serves it with one LLM (one warm-up), runs the
 designed step-shape sweep (`engine.profiling`, docs/CALIBRATION.md: sized from the engine's KV
-cache, its device time estimated on a shipped profile and held to `--profile-budget` before it runs),
+cache, its device time estimated on a shipped profile by `simulator.calibration` and held to
+`--profile-budget` before it runs),
 optionally serves `--fit-replays` windows whose step
 records join the sweep's in the fit (pick windows that no validation replay uses), fits and saves the
 profile, then replays the `--replays` windows of a shipped trace in real time and writes replay
@@ -24,19 +25,19 @@ import pandas as pd
 import torch
 
 from engine.checkpoint import make_random_checkpoint
-from engine.cli import PRESET_ARCH, _split_kv, _version
+from engine.launch import PRESET_ARCH
 from engine.llm import LLM
-from engine.profiling import (
-    SweepLimits,
-    envelope,
+from engine.profiling import SweepLimits, envelope
+from engine.replay import gpu_name, replay_trace, write_replay
+from simulator.calibration import (
     estimator_profile,
+    fit_llm_profile,
     format_estimate,
     plan_limits,
     plan_sweep,
     run_profile,
 )
-from engine.replay import gpu_name, replay_trace, write_replay
-from simulator.latency.profile import fit_profile, profile_report
+from simulator.latency.profile import profile_report
 from traces.cli import load_trace_arg
 
 # name=START:END@RATE_SCALE: light = native rate, heavy = near saturation with preemptions
@@ -192,7 +193,6 @@ def calibrate(
         gpu_memory_utilization=args.gpu_memory_utilization,
         async_scheduling=args.async_scheduling,
     )
-    blocks = llm.cache_config.num_blocks
     rows.append((f"bs{block_size}: engine ready (load + warm-up)", f"{time.perf_counter() - t0:.1f} s"))
     t1 = time.perf_counter()
     serving = not args.no_serving_replays
@@ -213,20 +213,16 @@ def calibrate(
     for name, window, scale in fit_replays:
         rows.append(serve_replay(args, llm, gpu, block_size, f"fit-{name}", window, scale, out))
         fit_records.append(llm.recorder.to_dataframe())
-    profile = fit_profile(
+    profile = fit_llm_profile(
         pd.concat(fit_records, ignore_index=True),
-        model=llm.spec,
-        gpu=gpu,
+        llm,
+        gpu,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         tp=1,
         block_size=block_size,
-        attention_backend=llm.attention_backend,
-        engine_version=_version(),
-        num_kv_blocks=blocks,
         target="wall_time_s",
         loss="median",
-        split_kv=_split_kv(llm),
         extra={
             "model_name": args.preset,
             "policy": llm.scheduler_config.policy,

@@ -14,16 +14,15 @@ Phases, in the order they run (docs/CALIBRATION.md says what each covers and why
 - with async scheduling, a `sync` twin of every `long` and `full` workload whose requests stop at
   EOS: the engine cannot run their steps ahead, so the fit's sync terms see every block-table width;
 - then two short synthetic-traffic replays so the serving loop's own shapes are in the fit.
-All of it goes through `LLM` exactly as serving does. `plan_steps` replays the same driver on the
-control plane alone (no torch): the step shapes the sweep will run, for the device-time estimate
-(`estimate_seconds`, priced by a shipped profile) and the envelope it covers (`envelope`).
+All of it goes through `LLM` exactly as serving does (`run_sweep`). `plan_steps` replays the same
+driver on the control plane alone (no torch): the step shapes the sweep will run, for the envelope it
+covers (`envelope`) and the device-time estimate (simulator/calibration.py prices them on a profile).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -420,7 +419,7 @@ class PlanEngine:
 def plan_steps(
     work: list[Workload], limits: SweepLimits, vocab: int, eos_token_id: int | None = None, seed: int = 0
 ) -> pd.DataFrame:
-    """The steps `run_profile` runs for `work` on an engine of `limits` (PLAN_COLUMNS, one row a
+    """The steps `run_sweep` runs for `work` on an engine of `limits` (PLAN_COLUMNS, one row a
     step), from the same driver on the control plane alone; equal to the engine's step records'
     shapes while no request samples its EOS early (only `sync` requests stop at it)."""
     engine = PlanEngine(limits, eos_token_id, vocab)
@@ -429,32 +428,6 @@ def plan_steps(
         engine.phase, engine.workload = w.phase, i
         _run(engine, w, rng, vocab, corpus)
     return engine.frame()
-
-
-def step_seconds(steps: pd.DataFrame, model) -> np.ndarray:
-    """Each planned step's predicted time on a fitted latency model (`FittedModel`): a decode step
-    scheduled while the one before it ran on its `overlapped_model()`, the others on the model."""
-    from simulator.latency.base import StepShape
-
-    overlapped = model.overlapped_model() if hasattr(model, "overlapped_model") else model
-    out = np.empty(len(steps))
-    for j, row in enumerate(steps.itertuples(index=False)):
-        m = overlapped if row.overlapped and row.kind == "decode" else model
-        if row.kind == "decode":
-            out[j] = m.decode_step_time(row.num_seqs, row.num_context_tokens, row.max_seq_len)
-        else:
-            out[j] = m.predict(StepShape.of(row)).total
-    return out
-
-
-def estimate_seconds(steps: pd.DataFrame, model, serving: bool = True) -> dict[str, float]:
-    """Estimated device seconds per phase (PHASES; `total` too): the planned steps priced by
-    `step_seconds`, and the serving replays at SERVING_S (they run in real time)."""
-    seconds = pd.Series(step_seconds(steps, model), index=steps.index).groupby(steps["phase"]).sum()
-    out = {phase: float(seconds.get(phase, 0.0)) for phase in PHASES if phase != "serving"}
-    out["serving"] = SERVING_S if serving else 0.0
-    out["total"] = sum(out.values())
-    return out
 
 
 def envelope(steps: pd.DataFrame, block_size: int) -> dict[str, Any]:
@@ -489,54 +462,6 @@ def envelope(steps: pd.DataFrame, block_size: int) -> dict[str, Any]:
     return out
 
 
-def estimator_profile(model: str, gpu: str, block_size: int, tp: int = 1, async_scheduling: bool = False):
-    """The shipped profile that prices a sweep of `model` on `gpu`: the one of its TP and block size
-    (the `_async` one under async scheduling, where it ships), else the same at another shipped block
-    size; None when none ships."""
-    from simulator.defaults import default_profile
-
-    for size in dict.fromkeys((block_size, 16, 256)):
-        try:
-            path = default_profile(model, gpu, size, tp, async_scheduling)
-        except (KeyError, ValueError):
-            return None
-        if path is not None:
-            return path
-    return None
-
-
-def _gpu_name() -> str:
-    import torch
-
-    from engine.replay import gpu_name
-
-    return gpu_name(torch.cuda.get_device_name()) if torch.cuda.is_available() else "H200"
-
-
-def check_budget(estimate: dict[str, float], budget_s: float, flag: str = "--time-budget") -> None:
-    """A ValueError naming `flag` when the estimated device time is over `budget_s`."""
-    if estimate["total"] > budget_s:
-        phases = ", ".join(f"{k} {v:.0f} s" for k, v in estimate.items() if k != "total")
-        raise ValueError(
-            f"{flag}: the sweep is estimated at {estimate['total']:.0f} s of device time ({phases}), "
-            f"over the budget of {budget_s:.0f} s"
-        )
-
-
-def format_estimate(estimate: dict[str, float], steps: pd.DataFrame, source: str) -> str:
-    counts = steps.groupby("phase").size()
-    parts = [
-        f"{k} {v:.1f} s ({int(counts.get(k, 0)):,} steps)"
-        for k, v in estimate.items()
-        if k not in ("total", "serving")
-    ]
-    return (
-        f"profile: estimated device time {estimate['total']:.0f} s on {source}: "
-        + ", ".join(parts)
-        + f", serving {estimate['serving']:.0f} s"
-    )
-
-
 def serving_traces(max_model_len: int) -> list:
     """Synthetic traffic shaped like conversation traces, light then heavy (never a validation trace)."""
     import traces
@@ -551,82 +476,33 @@ def serving_traces(max_model_len: int) -> list:
     ]
 
 
-@dataclass
-class SweepPlan:
-    """A sweep for one engine: its workloads, their planned steps and the estimate priced on `model`."""
-
-    limits: SweepLimits
-    work: list[Workload]
-    steps: pd.DataFrame
-    estimate: dict[str, float] = field(default_factory=dict)
-    source: str = ""
-    seed: int = 0
-
-
-def plan_sweep(llm, model=None, seed: int = 0, serving: bool = True, gpu: str | None = None) -> SweepPlan:
-    """The sweep of `llm` (its limits: `SweepLimits.of_llm`), planned and priced (`plan_limits`;
-    `model` None: the shipped profile of its model on `gpu`, default the one here, else the roofline
-    model of that GPU)."""
-    limits = SweepLimits.of_llm(llm)
-    if model is None:
-        gpu, tp = gpu or _gpu_name(), llm.parallel_config.tensor_parallel_size
-        model = estimator_profile(llm.spec.name, gpu, limits.block_size, tp, limits.async_scheduling)
-        if model is None:  # a model or GPU without a shipped profile: the analytic model's estimate
-            from simulator.latency.roofline import RooflineModel
-
-            model = RooflineModel(llm.spec, gpu, tp)
-    return plan_limits(limits, llm.spec, model, seed, serving)
-
-
-def plan_limits(limits: SweepLimits, spec, model, seed: int = 0, serving: bool = True) -> SweepPlan:
-    """The sweep of an engine of `limits` serving `spec` (a ModelSpec: its vocabulary and EOS), its
-    steps planned (`plan_steps`) and priced on `model` (a fitted latency model or a profile path)."""
-    from simulator.latency.profile import LatencyProfile
-
-    work = sweep(limits)
-    steps = plan_steps(work, limits, min(spec.vocab_size, 100_000), spec.eos_token_id, seed)
-    if not hasattr(model, "decode_step_time"):
-        source = Path(model).name
-        model = LatencyProfile.load(model).to_latency_model()
-    elif getattr(model, "profile", None) is not None:
-        source = model.profile.describe()
-    else:
-        source = f"the roofline model ({model.gpu.name})" if hasattr(model, "gpu") else type(model).__name__
-    return SweepPlan(limits, work, steps, estimate_seconds(steps, model, serving), source, seed)
-
-
-def run_profile(
+def run_sweep(
     llm,
+    work: list[Workload],
+    limits: SweepLimits,
     seed: int = 0,
     time_budget_s: float = 300.0,
     progress: bool = True,
     serving: bool = True,
-    estimator=None,
-    plan: SweepPlan | None = None,
-    budget_flag: str = "--time-budget",
 ) -> pd.DataFrame:
-    """Run the sweep on `llm` (then, with `serving`, two short synthetic-traffic replays); return its
-    step records. First plans it and prints its estimated device time (`plan_sweep`, priced on
-    `estimator`, unless `plan` is given); a ValueError naming `budget_flag` when that is over
-    `time_budget_s`. While running, stops (saying what was left) past twice the budget, should the
-    estimate be far off. The workloads' prompts come from the plan's seed."""
-    plan = plan or plan_sweep(llm, estimator, seed, serving)
-    print(format_estimate(plan.estimate, plan.steps, plan.source), flush=True)
-    check_budget(plan.estimate, time_budget_s, budget_flag)
-    rng = np.random.default_rng(plan.seed)
+    """Run `work` (the sweep of an engine of `limits`: `sweep`) on `llm`, then, with `serving`, two
+    short synthetic-traffic replays (`serving_traces`); return its step records. Stops (saying what
+    was left) past twice `time_budget_s`, should the estimate it was held to be far off. The
+    workloads' prompts come from `seed`, as `plan_steps`'s do."""
+    rng = np.random.default_rng(seed)
     vocab = min(llm.spec.vocab_size, 100_000)
-    corpus = Corpus(vocab, max(longest_document(plan.limits), 1), plan.seed)
+    corpus = Corpus(vocab, max(longest_document(limits), 1), seed)
     t0 = time.perf_counter()
-    for i, w in enumerate(tqdm(plan.work, desc="profiling", unit="workload", disable=not progress)):
+    for i, w in enumerate(tqdm(work, desc="profiling", unit="workload", disable=not progress)):
         if time.perf_counter() - t0 > 2 * time_budget_s:
             print(
-                f"profile: twice the budget of {time_budget_s:.0f} s reached; ran {i} of {len(plan.work)} workloads"
+                f"profile: twice the budget of {time_budget_s:.0f} s reached; ran {i} of {len(work)} workloads"
             )
             break
         _run(llm, w, rng, vocab, corpus)
     if serving:
         from engine.replay import replay_trace
 
-        for trace in serving_traces(plan.limits.max_model_len):
+        for trace in serving_traces(limits.max_model_len):
             replay_trace(llm, trace, progress=False, max_wall_s=120)
     return llm.recorder.to_dataframe()

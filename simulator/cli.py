@@ -20,7 +20,7 @@ from traces.cli import check_out_dir, load_trace_arg
 
 # Packages whose `cli.register(subparsers)` adds commands; a missing one (not built, or an extra
 # not installed) simply adds none.
-_PLUGINS = ("traces.cli", "simulator.plan_cli", "engine.cli", "dashboard.cli")
+_PLUGINS = ("traces.cli", "simulator.plan_cli", "simulator.profile_cli", "engine.cli", "dashboard.cli")
 _OPTIONAL_DEPS = {"torch", "transformers", "safetensors", "streamlit", "plotly", "ray", "simpy", "yaml"}
 # The extra that installs each optional dependency, for the error a command without it prints.
 _EXTRA_OF = {

@@ -8,7 +8,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "simulator", "traces", "dashboard")
-CLI_MODULES = {"engine.cli", "simulator.cli", "simulator.plan_cli", "traces.cli", "dashboard.cli"}
+CLI_MODULES = {
+    "engine.cli",
+    "simulator.cli",
+    "simulator.plan_cli",
+    "simulator.profile_cli",
+    "traces.cli",
+    "dashboard.cli",
+}
 
 
 def _module(path: Path) -> str:
@@ -52,3 +59,15 @@ def test_command_lines_import_only_the_shared_trace_helpers():
         if module in CLI_MODULES - {"simulator.plan_cli"}
     }
     assert found == {module: [] for module in CLI_MODULES - {"simulator.plan_cli"}}
+
+
+def test_the_engine_imports_nothing_of_the_simulator():
+    """engine/ stands alone: what joins it to the simulator (the sweep's estimate, the fit, the
+    profile: simulator/calibration.py, `kvplan profile`: simulator/profile_cli.py) lives there."""
+    found = {
+        module: sorted(name for name in imported if name == "simulator" or name.startswith("simulator."))
+        for module, imported in _sources()
+        if module.split(".")[0] == "engine"
+    }
+    assert {module: names for module, names in found.items() if names} == {}
+    assert "engine.profiling" in found and "engine.cli" in found  # every engine module was read

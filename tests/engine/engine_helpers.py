@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import subprocess
@@ -60,3 +61,21 @@ def run_interpreted(worker: str, cases: dict[str, Any], folder: Path) -> dict[st
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(folder / "out.pt")
+
+
+# The serving envelope of issue 25 (docs/CALIBRATION.md): Qwen3-0.6B on an H200 with async scheduling,
+# max_model_len 32768, max_num_batched_tokens 8192 and the engine's own cache, 71,457 blocks of 16.
+def h200_limits():
+    from engine.profiling import SweepLimits
+
+    return SweepLimits(256, 8192, 32768, 71457 * 16, "chunked", 16, async_scheduling=True)
+
+
+@functools.cache
+def h200_plan():
+    """The sweep of `h200_limits` and its planned steps (computed once a session: seconds)."""
+    from engine.profiling import plan_steps, sweep
+
+    limits = h200_limits()
+    work = sweep(limits)
+    return work, plan_steps(work, limits, vocab=100_000, eos_token_id=151645)

@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import engine_helpers
 import numpy as np
 import pandas as pd
 import pytest
 
 from engine.profiling import (
     SweepLimits,
-    check_budget,
     corpus_lengths,
     design,
     envelope,
-    estimate_seconds,
     fill_shortest,
     full_cache_workloads,
-    plan_steps,
     serving_lengths,
     spread_lengths,
-    step_seconds,
     sweep,
 )
-from simulator.latency.profile import LatencyProfile
 
 
 def test_spread_lengths_are_geometric():
@@ -104,16 +98,12 @@ def test_serving_batches_fit_the_cache_at_large_pages():
             assert sum(-(-(n + 40) // 256) for n in lengths) <= 512
 
 
-# The serving envelope of issue 25 (docs/CALIBRATION.md): Qwen3-0.6B on an H200 with async scheduling,
-# max_model_len 32768, max_num_batched_tokens 8192 and the engine's own cache, 71,457 blocks of 16.
-H200_LIMITS = SweepLimits(256, 8192, 32768, 71457 * 16, "chunked", 16, async_scheduling=True)
-SHIPPED = Path(__file__).resolve().parents[2] / "simulator" / "profiles"
+H200_LIMITS = engine_helpers.h200_limits()  # the serving envelope of issue 25 (docs/CALIBRATION.md)
 
 
 @pytest.fixture(scope="module")
 def h200_plan():
-    work = sweep(H200_LIMITS)
-    return work, plan_steps(work, H200_LIMITS, vocab=100_000, eos_token_id=151645)
+    return engine_helpers.h200_plan()
 
 
 def test_corpus_fills_most_of_the_cache_longest_at_max_model_len():
@@ -180,32 +170,3 @@ def test_planned_steps_reach_the_serving_envelope(h200_plan):
     counts = pd.crosstab(bands, decode.overlapped).to_dict("index")
     assert counts == {0: {False: 160, True: 152}, 1: {False: 200, True: 190}, 2: {False: 161, True: 160},
                       3: {False: 81, True: 84}, 4: {False: 121, True: 122}}  # fmt: skip
-
-
-def test_estimate_prices_each_phase_on_a_shipped_profile(h200_plan):
-    _, steps = h200_plan
-    model = LatencyProfile.load(SHIPPED / "qwen3-0.6b_h200_tp1_bs16_async.json").to_latency_model()
-    est = estimate_seconds(steps, model)
-    assert est == pytest.approx(
-        {"short": 23.562987204935, "long": 20.077574501641, "mixed_long": 2.925128863625,
-         "full": 4.358828013045, "serving": 28.0, "total": 78.924518583245}, rel=1e-9
-    )  # fmt: skip
-    # a step run ahead is priced without the host's sync terms
-    seconds = step_seconds(steps, model)
-    row = steps[(steps.kind == "decode") & steps.overlapped].iloc[0]
-    j = steps.index.get_loc(row.name)
-    assert seconds[j] == model.overlapped_model().decode_step_time(
-        row.num_seqs, row.num_context_tokens, row.max_seq_len
-    )
-    assert estimate_seconds(steps, model, serving=False)["total"] == pytest.approx(
-        est["total"] - 28.0, rel=1e-12
-    )
-
-
-def test_budget_is_enforced_before_running():
-    est = {"short": 200.0, "long": 90.0, "mixed_long": 5.0, "full": 10.0, "serving": 28.0, "total": 333.0}
-    check_budget(est, 333.0)
-    with pytest.raises(
-        ValueError, match=r"--profile-budget: the sweep is estimated at 333 s .*over the budget of 300 s"
-    ):
-        check_budget(est, 300.0, "--profile-budget")
