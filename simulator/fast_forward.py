@@ -27,7 +27,10 @@ class FastForwardScheduler(Scheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._lazy = isinstance(self.block_manager, LazyBlockManager)  # else the core's eager one
-        self.itl_runs: list[tuple[Seq[float], int]] = []  # fast-forwarded (end times, num seqs)
+        # fast-forwarded runs' inter-token gaps, kept as their end times (a run's consecutive end
+        # times differ by a gap that each of its requests saw): all runs' end times one after the
+        # other (8 bytes each), and per run how many and its number of requests
+        self.itl_runs = ItlRuns()
         # Decode steps until the first running request finishes, known while every running request is
         # a plain decode: set by a run that finished none, cleared by `schedule` and `postprocess`
         # (nothing else changes the running requests), so the next run need not check them again.
@@ -68,11 +71,11 @@ class FastForwardScheduler(Scheduler):
             self._apply_held()
         return super().schedule_reads_no_token_values()
 
-    def drain_itl(self) -> tuple[array, array, list[tuple[Seq[float], int]]]:
+    def drain_itl(self) -> tuple[array, array, ItlRuns]:
         """Hand over the recorded inter-token gaps (gaps, weights, fast-forwarded runs) and start
         afresh: a long simulation folds them into a histogram as it goes."""
         drained = (self.itl_gaps, self.itl_weights, self.itl_runs)
-        self.itl_gaps, self.itl_weights, self.itl_runs = array("d"), array("q"), []
+        self.itl_gaps, self.itl_weights, self.itl_runs = array("d"), array("q"), ItlRuns()
         return drained
 
     def itl_histogram(self) -> dict[float, int]:
@@ -419,7 +422,7 @@ class FastForwardScheduler(Scheduler):
                 self.itl_gaps.append(float(times[1]) - sampled_at)
                 self.itl_weights.append(len(running))
             if k > 1:
-                self.itl_runs.append((times[1:], len(running)))
+                self.itl_runs.add(times, len(running))
         return done
 
     def _take_and_register_run_blocks(self, k: int, computed: list[int], near: list[int] | None) -> None:
@@ -511,6 +514,35 @@ class FastForwardScheduler(Scheduler):
                 bm.cache_full_blocks(seq, computed[idx] + j - 1)
             else:
                 bm.take_free_blocks(seq.block_table, 1)
+
+
+class ItlRuns:
+    """Fast-forwarded runs' end times for their inter-token gaps: `times`, every run's end times one
+    after the other (an array of floats), `lengths` and `seqs`, per run how many and its running
+    requests. Iterating gives (end times, requests) per run."""
+
+    __slots__ = ("times", "lengths", "seqs")
+
+    def __init__(self) -> None:
+        self.times = array("d")
+        self.lengths = array("q")
+        self.seqs = array("q")
+
+    def add(self, times: Seq[float], num_seqs: int) -> None:
+        """A run of len(times) - 1 steps: its end times are times[1:] (times[0] is its start)."""
+        ends = times[1:]
+        self.times.fromlist(ends if type(ends) is list else list(ends))  # twice as fast as extend
+        self.lengths.append(len(times) - 1)
+        self.seqs.append(num_seqs)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        start = 0
+        for n, seqs in zip(self.lengths, self.seqs):
+            yield self.times[start : start + n], seqs
+            start += n
 
 
 class _HeldRun:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 import pandas as pd
@@ -98,10 +97,11 @@ def is_rejected(finish_reason: pd.Series) -> pd.Series:
     return finish_reason.astype(str).str.startswith("rejected")
 
 
-def add_latencies(requests: pd.DataFrame) -> pd.DataFrame:
+def add_latencies(requests: pd.DataFrame, copy: bool = True) -> pd.DataFrame:
     """Add ttft_s, e2e_s, tpot_s (mean time per output token after the first), queue_s; a rejected
-    request has none of them (NaN), not a latency of 0."""
-    df = requests.copy()
+    request has none of them (NaN), not a latency of 0. To a copy, or with `copy=False` to
+    `requests` itself (a million requests' table is over 100 MB)."""
+    df = requests.copy() if copy else requests
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2e_s"] = (df["finish_s"] - df["arrival_s"]).where(~is_rejected(df["finish_reason"]))
     df["queue_s"] = df["first_scheduled_s"] - df["arrival_s"]
@@ -119,13 +119,12 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs=PERCENTILES
     return [float(v[min(np.searchsorted(cw, q / 100.0 * cw[-1]), len(v) - 1)]) for q in qs]
 
 
-def itl_histogram(
-    steps: list[tuple[object, object]], runs: list[tuple[object, int]]
-) -> tuple[np.ndarray, np.ndarray]:
+def itl_histogram(steps: list[tuple[object, object]], runs: list) -> tuple[np.ndarray, np.ndarray]:
     """Merge inter-token gaps into (sorted distinct gaps, token counts).
 
-    `steps` are schedulers' (itl_gaps, itl_weights) arrays; `runs` their fast-forwarded (end times,
-    n): consecutive end times differ by a gap that n tokens saw (the same subtraction stepping does).
+    `steps` are schedulers' (itl_gaps, itl_weights) arrays; `runs` their fast-forwarded runs
+    (`simulator.fast_forward.ItlRuns`): consecutive end times of a run differ by a gap that each of
+    its n requests saw (the same subtraction stepping does).
     """
     v, w = itl_gaps(steps, runs)
     if not len(v):
@@ -134,17 +133,17 @@ def itl_histogram(
     return uniq, np.bincount(inverse, weights=w)
 
 
-def itl_gaps(
-    steps: list[tuple[object, object]], runs: list[tuple[object, int]]
-) -> tuple[np.ndarray, np.ndarray]:
+def itl_gaps(steps: list[tuple[object, object]], runs: list) -> tuple[np.ndarray, np.ndarray]:
     """All inter-token gaps as (gaps, token counts), unsorted, repeats not merged (see itl_histogram)."""
     values = [np.asarray(g, dtype=float) for g, _ in steps]
     weights = [np.asarray(w, dtype=float) for _, w in steps]
+    runs = [r for r in runs if len(r)]
     if runs:  # all runs at once: differences within each run, none across run boundaries
-        lengths = np.fromiter((len(t) for t, _ in runs), np.int64, len(runs))
-        # one pass in C over every run's times (lists of floats, mostly), no numpy array per run
-        times = np.fromiter(chain.from_iterable(t for t, _ in runs), float, int(lengths.sum()))
-        per_run = np.repeat(np.fromiter((n for _, n in runs), float, len(runs)), lengths)
+        # the runs' arrays as they are (no copy but the concatenation of several schedulers')
+        lengths = np.concatenate([np.frombuffer(r.lengths, np.int64) for r in runs])
+        times = np.concatenate([np.frombuffer(r.times, float) for r in runs])
+        seqs = np.concatenate([np.frombuffer(r.seqs, np.int64) for r in runs]).astype(float)
+        per_run = np.repeat(seqs, lengths)
         inside = np.ones(len(times), bool)
         inside[np.cumsum(lengths)[:-1]] = False  # the first end time of every run but the first
         values.append(np.diff(times)[inside[1:]])
@@ -174,7 +173,7 @@ class ITLBins:
     def fold(self, scheduler) -> None:
         """Move a scheduler's recorded gaps (`drain_itl`) into the bins."""
         gaps, weights, runs = scheduler.drain_itl()
-        self.add(*itl_gaps([(gaps, weights)], runs))  # binned as they are: no need to merge repeats
+        self.add(*itl_gaps([(gaps, weights)], [runs]))  # binned as they are: no need to merge repeats
 
     def merged(self, others: list[ITLBins]) -> ITLBins:
         out = ITLBins()
@@ -204,15 +203,20 @@ def summarize(
 ) -> dict:
     """Aggregate metrics of a per-request frame (columns as simulator.sim.REQUEST_FIELDS)."""
     df = add_latencies(requests) if "ttft_s" not in requests else requests
-    done = df[df["finish_reason"].isin([*SERVED_REASONS, *TRUNCATED_REASONS])]
+    finished = df["finish_reason"].isin([*SERVED_REASONS, *TRUNCATED_REASONS]).to_numpy()
+    num_done = int(finished.sum())
+
+    def done(name: str) -> pd.Series:  # a column's finished rows (not the whole table's, one at a time)
+        return df[name][finished]
+
     rejected = is_rejected(df["finish_reason"])
     start = float(df["arrival_s"].min()) if len(df) else 0.0
-    end = float(done["finish_s"].max()) if len(done) else start
+    end = float(done("finish_s").max()) if num_done else start
     duration = max(end - start, 1e-12)
-    out_tokens = int(done["num_output_tokens"].sum())
+    out_tokens = int(done("num_output_tokens").sum())
     summary: dict = {
         "num_requests": len(df),
-        "num_finished": len(done),
+        "num_finished": num_done,
         "num_rejected": int(rejected.sum()),  # not in num_finished
         # in num_finished: cut short by max_model_len or the KV cache
         "num_truncated": int(df["finish_reason"].isin(TRUNCATED_REASONS).sum()),
@@ -220,14 +224,14 @@ def summarize(
         "num_rejected_kv_capacity": int((df["finish_reason"] == "rejected_kv_capacity").sum()),
         "duration_s": duration,
         "arrival_span_s": float(df["arrival_s"].max()) - start if len(df) else 0.0,
-        "throughput_rps": len(done) / duration,
+        "throughput_rps": num_done / duration,
         "output_tok_s": out_tokens / duration,
-        "total_tok_s": (out_tokens + int(done["prompt_len"].sum())) / duration,
+        "total_tok_s": (out_tokens + int(done("prompt_len").sum())) / duration,
         "num_preemptions": int(df["num_preemptions"].sum()),
-        "prefix_hit_tokens": int(done["num_cached_tokens"].sum()),
+        "prefix_hit_tokens": int(done("num_cached_tokens").sum()),
     }
     for name in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
-        for stat, value in _stats(done[name]).items():
+        for stat, value in _stats(done(name)).items():
             summary[f"{name[:-2]}_{stat}_s"] = value
     if itl is not None and len(itl[0]):
         v, w = itl

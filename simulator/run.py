@@ -7,6 +7,7 @@ never used as the size), runs `simulator.sim.simulate`, and returns a `SimResult
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 from collections.abc import Iterator
@@ -69,18 +70,26 @@ def config_dict(config: SimConfig) -> dict:
     return d
 
 
-def collect(run: SimRun, slo: SLO | None = None) -> SimResult:
-    """Turn a raw SimRun into per-request and timeline tables and the summary."""
-    # sorted as it is built (no unsorted copy beside it): a million requests' table is 140 MB
-    requests = add_latencies(rows_frame([r.records for r in run.replicas], order_by="request_id"))
-    # a timeline row holds the blocks in use: its kv_usage is their share of num_kv_blocks
-    timeline = rows_frame([r.timeline for r in run.replicas], scale={"kv_usage": run.num_kv_blocks})
+def collect(run: SimRun, slo: SLO | None = None, release: bool = False) -> SimResult:
+    """Turn a raw SimRun into per-request and timeline tables and the summary. With `release`, the
+    run cannot be collected again: the replicas' schedulers and block managers (their queues and
+    KV caches) go once their counters are read, and their per-request rows as the table takes them."""
     for replica in run.replicas:
         replica.itl.fold(replica.scheduler)
     itl = run.replicas[0].itl.merged([r.itl for r in run.replicas[1:]]).arrays()
-    summary = summarize(requests, itl, timeline, slo)
     queried = sum(r.block_manager.num_prefix_queried_tokens for r in run.replicas)
     hits = sum(r.block_manager.num_prefix_hit_tokens for r in run.replicas)
+    if release:
+        for replica in run.replicas:
+            replica.scheduler = replica.block_manager = None
+        trim_heap()
+    # a timeline row holds the blocks in use: its kv_usage is their share of num_kv_blocks
+    timeline = rows_frame([r.timeline for r in run.replicas], scale={"kv_usage": run.num_kv_blocks})
+    # sorted as it is built (no unsorted copy beside it), the latencies added in place: a million
+    # requests' table is 140 MB
+    records = rows_frame([r.records for r in run.replicas], order_by="request_id", release=release)
+    requests = add_latencies(records, copy=False)
+    summary = summarize(requests, itl, timeline, slo)
     steps = sum(r.counters.num_steps for r in run.replicas)
     ff_steps = sum(r.counters.num_fast_forward_steps for r in run.replicas)
     busy = sum(r.counters.busy_s for r in run.replicas)
@@ -109,6 +118,23 @@ def collect(run: SimRun, slo: SLO | None = None) -> SimResult:
     return SimResult(run.config, requests, timeline, summary, itl)
 
 
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system where the C library can (glibc's
+    malloc_trim): a finished run's KV caches and queues free some 100 MB in many small pieces, which
+    glibc would keep, while the tables built next take fresh memory for their large arrays."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
 def run_simulation(
     trace,
     config: SimConfig,
@@ -120,7 +146,7 @@ def run_simulation(
 ) -> SimResult:
     """Simulate `trace` on `config`: latency from `latency`, else `profile` (fitted), else roofline.
     `prompts`: the trace's prompts already built (`simulator.sim.trace_prompts`), if any."""
-    return collect(simulate_config(trace, config, profile, latency, progress, prompts), slo)
+    return collect(simulate_config(trace, config, profile, latency, progress, prompts), slo, release=True)
 
 
 def simulate_config(

@@ -76,15 +76,19 @@ class TypedRows:
     tuples (None where a float is missing); `rows_frame` builds the table that
     `pd.DataFrame.from_records` of those rows gives."""
 
-    __slots__ = ("types", "columns", "_numeric", "_objects")
+    __slots__ = ("types", "columns", "_numeric", "_objects", "_appends")
 
     def __init__(self, types: dict[str, str]) -> None:
         self.types = types
         self.columns = [[] if k == "O" else array(k) for k in types.values()]
-        kinds = list(types.values())
-        # (position in a row, column) of the typed fields, and of the others
+        self._index_columns()
+
+    def _index_columns(self) -> None:
+        kinds = list(self.types.values())
+        # (position in a row, column) of the typed fields, and of the others; each column's append
         self._numeric = [(i, c) for i, c in enumerate(self.columns) if kinds[i] != "O"]
         self._objects = [(i, c) for i, c in enumerate(self.columns) if kinds[i] == "O"]
+        self._appends = [c.append for c in self.columns]
 
     @classmethod
     def requests(cls) -> TypedRows:
@@ -112,15 +116,28 @@ class TypedRows:
         kind, values = self.types[name], self.columns[list(self.types).index(name)]
         return np.array(values, dtype=object) if kind == "O" else np.frombuffer(values, dtype=kind)
 
+    def release(self, name: str) -> None:
+        """Let one field's values go (its column empty: the rows are no longer whole)."""
+        i = list(self.types).index(name)
+        kind, self.columns[i] = self.types[name], []
+        if kind != "O":
+            self.columns[i] = array(kind)
+        self._index_columns()
+
 
 def rows_frame(
-    parts: list[TypedRows], order_by: str | None = None, scale: dict | None = None
+    parts: list[TypedRows],
+    order_by: str | None = None,
+    scale: dict | None = None,
+    release: bool = False,
 ) -> pd.DataFrame:
     """The table of the rows of `parts` (of the same fields), one after the other; with `order_by`,
     sorted by that column as `sort_values(kind="stable")` sorts, on a fresh index; `scale` (field ->
     divisor) divides a column's values as `value / divisor` does. The columns, dtypes and values of
     `pd.DataFrame.from_records` over the rows (int64; float64 with NaN for None, object where every
-    value is None; the inferred string type), built from the typed columns."""
+    value is None; the inferred string type), built from the typed columns, each column its own
+    block (no copy into 2-D blocks). With `release`, each of the parts' columns is emptied once
+    the table has it (the parts end with no rows): at most one column is held twice."""
     types = parts[0].types
     parts = [p for p in parts if len(p)]
     if not parts:  # no rows: from_records' own (object) columns
@@ -128,7 +145,11 @@ def rows_frame(
     scale = scale or {}
 
     def column(name: str) -> np.ndarray:
-        return np.concatenate([p.column(name) for p in parts])
+        values = np.concatenate([p.column(name) for p in parts])
+        if release and name != order_by:
+            for p in parts:
+                p.release(name)
+        return values
 
     order = np.argsort(column(order_by), kind="stable") if order_by is not None else None
     data = {}
@@ -145,7 +166,10 @@ def rows_frame(
         elif kind != "d":
             values = values.astype(np.int64, copy=False)
         data[name] = values
-    return pd.DataFrame(data)
+    if release and order_by is not None:
+        for p in parts:
+            p.release(order_by)
+    return pd.DataFrame(data, copy=False)
 
 
 @dataclass
@@ -671,7 +695,7 @@ class Replica:
     def _sample(self) -> None:
         """Bin the recorded inter-token gaps once they are many; a timeline row once one is due."""
         sched = self.scheduler
-        if len(sched.itl_runs) >= 4096 or len(sched.itl_gaps) >= 65536:
+        if len(sched.itl_runs.times) >= 1 << 18 or len(sched.itl_gaps) >= 65536:
             self.itl.fold(sched)
         if self.clock - self._last_sample >= self.config.timeline_interval_s:
             sched.settle()  # the blocks a held run takes
@@ -730,7 +754,7 @@ def simulate(
     t0 = time.perf_counter()
     env = simpy.Environment()
     df = trace.df
-    # the trace's columns as typed arrays (8 bytes a row; indexing gives Python floats and ints)
+    # the trace's columns as typed views (indexing gives Python floats and ints)
     arrivals = _column(df["arrival_s"], "d")
     output_lens = _column(df["output_len"], "q")
     request_ids = _column(df["request_id"], "q")
@@ -791,14 +815,17 @@ def simulate(
     env.run()
     for replica in replicas:
         replica.scheduler.settle()
+        # its process waits for an arrival that never comes: let it go (its frame holds the scheduler)
+        replica.process = replica._wakeup = None
     for replica in replicas:  # the run is over: let its per-arrival arrays go (24 MB a million)
         replica.route_ahead = None
     return SimRun(config, replicas, num_kv_blocks, time.perf_counter() - t0, getattr(trace, "name", ""))
 
 
-def _column(series: pd.Series, typecode: str) -> array:
-    """`series` as an array of `typecode` ("d": float64, "q": int64)."""
-    return array(typecode, np.ascontiguousarray(series.to_numpy(), dtype=typecode).tobytes())
+def _column(series: pd.Series, typecode: str) -> memoryview:
+    """`series` as a flat view of `typecode` ("d": float64, "q": int64) values, indexing to Python
+    floats and ints: over the frame's own buffer where it has that type (no copy)."""
+    return memoryview(np.ascontiguousarray(series.to_numpy(), dtype=typecode))
 
 
 def _rejects(scheduler):

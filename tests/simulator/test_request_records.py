@@ -119,3 +119,28 @@ def test_values_that_a_column_cannot_hold_fail_loudly():
         records.append((None, *_row(1, 0.5)[1:]))  # an integer field is never missing
     with pytest.raises(OverflowError):  # the token counts are int32 columns
         records.append((*_row(1, 0.5)[:6], 2**31, *_row(1, 0.5)[7:]))
+
+
+def test_a_released_run_gives_the_same_tables(long_prompts, small_config):
+    """`collect(run, release=True)` (as `run_simulation` collects): the tables and summary of a run
+    collected and kept; the replicas' rows, schedulers and block managers let go."""
+    from simulator.run import collect, simulate_config
+
+    config = small_config(
+        num_replicas=3,
+        router="least_outstanding",
+        max_model_len=2048,
+        num_kv_blocks=100,
+        max_num_batched_tokens=2048,
+    )
+    latency = RooflineModel(config.model, config.gpu, config.tensor_parallel_size)
+    kept = collect(simulate_config(long_prompts, config, latency=latency))
+    run = simulate_config(long_prompts, config, latency=latency)
+    released = collect(run, release=True)
+    _assert_same(released.requests, kept.requests)
+    _assert_same(released.timeline, kept.timeline)
+    skip = {"sim_wall_s", "sim_speedup"}
+    assert {k: v for k, v in released.summary.items() if k not in skip} == {
+        k: v for k, v in kept.summary.items() if k not in skip
+    }
+    assert all(len(r.records) == 0 and r.scheduler is None and r.block_manager is None for r in run.replicas)
