@@ -27,6 +27,7 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
+from operator import call
 
 import numpy as np
 import pandas as pd
@@ -96,6 +97,9 @@ class TypedRows:
         return cls(REQUEST_COLUMN_TYPES)
 
     def append(self, row: tuple) -> None:
+        if None not in row:  # (most rows) each value to its column's append, in C
+            list(map(call, self._appends, row))
+            return
         for i, column in self._numeric:
             value = row[i]
             column.append(math.nan if value is None else value)
@@ -783,6 +787,8 @@ def simulate(
     # a list of that many placeholder tokens stands in, dropped once the request is recorded
     rejects = None if router.reads_prompt else _rejects(replicas[0].scheduler)
 
+    only = replicas[0] if len(replicas) == 1 else None  # where there is no choice to make
+
     def arrival_process():
         bar = _progress_bar(len(arrivals), progress, trace)
         for i, a in enumerate(arrivals):
@@ -800,7 +806,7 @@ def simulate(
                 prompt = chunk[i % _TOKEN_CHUNK]
                 if prompt is None:
                     prompt = [SIM_TOKEN_ID] * trace.prompt_num_tokens(i)
-            replica = router.choose(prompt)
+            replica = only or router.choose(prompt)
             replica.submit(request_ids[i], prompt, output_lens[i], a)
             if route_ahead is not None:
                 route_ahead.routed(i, replica)
