@@ -245,9 +245,11 @@ class FastForwardScheduler(Scheduler):
                 if left <= 0:
                     return 0
                 k_max = left
-            if not seq.ignore_eos:
+            if not seq.ignore_eos or len(seq.block_table) != -(-c // bs):
                 return 0
-            if len(seq.block_table) != -(-c // bs) or (caching and not _registered(seq, c, bs)):
+            # registered as `_register_known` leaves a decode's blocks: those full of its computed
+            # tokens, but perhaps the last (filled by the step before)
+            if caching and not (c - 1) // bs <= seq.num_cached_blocks <= c // bs:
                 return 0
             add(c)
         return k_max
@@ -314,7 +316,9 @@ class FastForwardScheduler(Scheduler):
             n = len(seq.token_ids)
             if n - c != 1 or not seq.ignore_eos or seq.last_token_time is None:
                 return 0
-            if len(seq.block_table) != -(-c // bs) or (caching and not _registered(seq, c, bs)):
+            if len(seq.block_table) != -(-c // bs):
+                return 0
+            if caching and not (c - 1) // bs <= seq.num_cached_blocks <= c // bs:  # registered
                 return 0
             left = seq.stop_num_tokens - n  # add_request capped it at max_model_len
             if left < k_max:
@@ -360,7 +364,8 @@ class FastForwardScheduler(Scheduler):
         running = self.running
         for idx in near:
             seq, c = running[idx], computed[idx]
-            # its block h is registered next: it holds h blocks, or h - 1 and a full one (see `_registered`)
+            # its block h is registered next: it holds h blocks, or h - 1 and a full one (as
+            # `_run_limit_after_step` checks)
             if seq.num_cached_blocks != h and not (seq.num_cached_blocks == h - 1 and c == h * bs):
                 continue
             # h > 0: the head's lookup materialized the chain of its first block, so a sequence that
@@ -585,12 +590,6 @@ _get_token_ids = attrgetter("token_ids")
 def _fewest_tokens_left(seqs: list[Sequence]) -> int:
     """The fewest tokens any of `seqs` can still get before its length stop (in C)."""
     return min(map(sub, map(_get_stop_num_tokens, seqs), map(len, map(_get_token_ids, seqs))))
-
-
-def _registered(seq: Sequence, num_computed: int, block_size: int) -> bool:
-    """Whether a decode with `num_computed` tokens has its blocks registered as `_register_known`
-    leaves them: those full of its computed tokens, but perhaps the last (filled by the step before)."""
-    return (num_computed - 1) // block_size <= seq.num_cached_blocks <= num_computed // block_size
 
 
 def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
