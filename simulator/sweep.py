@@ -591,6 +591,19 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="kvplan-parent-watch", daemon=True).start()
 
 
+def pool_start_method() -> str:
+    """How a local pool starts its workers: forked from this process on Linux (no interpreter
+    start and imports per worker), spawned elsewhere (fork is unsafe on macOS, absent on Windows)."""
+    import multiprocessing
+    import sys
+
+    return (
+        "fork"
+        if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+        else "spawn"
+    )
+
+
 def _pool_task(point: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
     assert _WORKER_CTX is not None, "worker not initialised"
     return simulate_points(_WORKER_CTX, point, others, _WORKER_PROMPTS)
@@ -665,7 +678,7 @@ class SharePlan:
 
 
 class PointRunner:
-    """Runs points of one RunContext: inline (workers=1), a local spawn process pool (default: one
+    """Runs points of one RunContext: inline (workers=1), a local process pool (default: one
     worker per core) or Ray tasks (`ray_address`: a cluster address, 'auto', or 'local' to start one;
     an already initialised Ray is used as it is). Use as a context manager."""
 
@@ -755,7 +768,7 @@ class PointRunner:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
+                mp_context=multiprocessing.get_context(pool_start_method()),
                 initializer=_init_worker,
                 initargs=(self.ctx, os.getpid()),
             )
