@@ -8,10 +8,11 @@ router, block 16. Per run: wall seconds of the whole process (interpreter start 
 trace, the simulation, the summary) and of the loop (`run_simulation`), each with its CPU seconds
 (steadier than wall time on a shared machine), x real time and requests per second of the loop,
 peak RSS; then the exponent b of a least-squares fit cost = a * requests^b over the synthetic runs
-(1.0: linear).
+(1.0: linear). With --replica-cost, the 100,000-request trace also on one replica at an eighth of the
+rate (the same load a replica), and the loop CPU a request of the 8 replicas over that of one.
 
     python benchmarks/bench_simulator.py [--async-scheduling] [--block-sizes 16,256] [--repeat N]
-        [--million | --million-only] [--no-synthetic]
+        [--million | --million-only] [--no-synthetic] [--replica-cost]
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Case:
     block_size: int = 16
     num_replicas: int = 1
     async_scheduling: bool = False
+    rate: float = SYNTHETIC["rate"]  # of a synthetic trace
 
     def as_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -83,7 +85,9 @@ def run_child(case: Case) -> dict:
     if case.trace is not None:
         trace = traces.load_shipped(case.trace)
     else:
-        trace = traces.generate(num_requests=case.num_requests, name=case.label, **SYNTHETIC)
+        trace = traces.generate(
+            num_requests=case.num_requests, name=case.label, **{**SYNTHETIC, "rate": case.rate}
+        )
     config = SimConfig(
         model=resolve_model("qwen3-0.6b"),
         block_size=case.block_size,
@@ -153,6 +157,10 @@ def cases(args: argparse.Namespace) -> list[Case]:
     for n in sizes:
         label = f"synthetic {n:,}, {SYNTHETIC_REPLICAS} replicas{tag}"
         out.append(Case(label, num_requests=n, num_replicas=SYNTHETIC_REPLICAS, async_scheduling=async_))
+    if args.replica_cost:
+        n, rate = SYNTHETIC_SIZES[-1], SYNTHETIC["rate"] / SYNTHETIC_REPLICAS
+        label = f"synthetic {n:,}, 1 replica, {rate:g} req/s{tag}"
+        out.append(Case(label, num_requests=n, async_scheduling=async_, rate=rate))
     return out
 
 
@@ -177,6 +185,11 @@ def main() -> None:
     p.add_argument("--million", action="store_true", help="also the 1,000,000-request run (minutes)")
     p.add_argument("--million-only", action="store_true", help="only the 1,000,000-request run")
     p.add_argument("--no-synthetic", action="store_true", help="only the shipped traces")
+    p.add_argument(
+        "--replica-cost",
+        action="store_true",
+        help="also the 100,000-request trace on one replica at the same load a replica",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -187,7 +200,16 @@ def main() -> None:
         rows.append(best_of(case, args.repeat))
         print(f"  {case.label}: loop {rows[-1].loop_s:.2f} s", file=sys.stderr, flush=True)
     print_table(rows)
-    synthetic = [m for m in rows if m.case.trace is None]
+    one = [m for m in rows if m.case.trace is None and m.case.num_replicas == 1]
+    synthetic = [m for m in rows if m.case.trace is None and m.case.num_replicas > 1]
+    for single in one:
+        many = [m for m in synthetic if m.requests == single.requests]
+        if many:
+            per_many, per_one = many[0].loop_cpu_s / many[0].requests, single.loop_cpu_s / single.requests
+            print(
+                f"loop CPU a request, {many[0].case.num_replicas} replicas against 1 at the same load: "
+                f"{per_many * 1e6:.0f} us / {per_one * 1e6:.0f} us = {per_many / per_one:.2f}x"
+            )
     if len(synthetic) >= 2:
         n = [m.requests for m in synthetic]
         loop = fitted_exponent(n, [m.loop_s for m in synthetic])

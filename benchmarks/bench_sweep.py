@@ -3,7 +3,10 @@
 Grid: 5 GPU types x 2 block sizes x 2 max_num_seqs x 5 max_num_batched_tokens, roofline latency, local
 process pool. Target on a 2-core machine: <= 2 minutes. Prints wall time, how many simulations ran (a
 run stands for the points that differ only in capacity limits it never reached) and their times.
+With --spec, a sweep spec file's own grid instead (e.g. docs/sweep-example.yaml), as `kvplan sweep`
+runs it; --repeat times it that many times (the fastest is the figure).
 Run: python benchmarks/bench_sweep.py [--workers N] [--points N] [--limit N] [--out FILE]
+     python benchmarks/bench_sweep.py --spec docs/sweep-example.yaml [--workers N] [--repeat N]
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ def main() -> int:
     ap.add_argument("--points", type=int, default=100, help="a smaller sub-grid of at most N points")
     ap.add_argument("--limit", type=int, default=None, help="only the first N requests (default: full trace)")
     ap.add_argument("--out", default=None, help="results Parquet (default: a fresh temporary file)")
+    ap.add_argument("--spec", default=None, help="a sweep spec file to run instead of the grid above")
+    ap.add_argument("--repeat", type=int, default=1, help="--spec: runs of the sweep (each from scratch)")
     args = ap.parse_args()
+    if args.spec:
+        return spec_main(args)
 
     trace = {"source": "azure_conv_2023", **({"limit": args.limit} if args.limit else {})}
     spec = SweepSpec.from_dict({"trace": trace, "model": "qwen3-0.6b", "profile": "roofline", "grid": GRID})
@@ -63,6 +70,29 @@ def main() -> int:
         f"max {runs['wall_s'].max():.2f} s; {runs['sim_steps'].sum():,.0f} simulated steps"
     )
     print(f"  {n / wall:.2f} points/s; {runs['num_requests'].sum() / wall:,.0f} simulated requests/s")
+    return 0
+
+
+def spec_main(args: argparse.Namespace) -> int:
+    """Time `args.spec`'s sweep, every point run afresh (a new output file each time)."""
+    import pandas as pd
+
+    spec = SweepSpec.load(args.spec)
+    walls = []
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "bench.parquet"
+            t0 = time.perf_counter()
+            report = run_sweep(spec, out, workers=args.workers, progress=False)
+            walls.append(time.perf_counter() - t0)
+            df = pd.read_parquet(out)
+    runs = df.loc[~df["shared_run"].astype(bool)]
+    print(report.format())
+    print(
+        f"bench_sweep {args.spec}: {len(df)} points ({len(runs)} simulations, {report.num_errors} with errors); "
+        f"wall {', '.join(f'{w:.2f}' for w in walls)} s, best {min(walls):.2f} s; per simulation (worker wall) "
+        f"median {runs['wall_s'].median():.2f} s"
+    )
     return 0
 
 
