@@ -699,7 +699,7 @@ class Replica:
     def _sample(self) -> None:
         """Bin the recorded inter-token gaps once they are many; a timeline row once one is due."""
         sched = self.scheduler
-        if len(sched.itl_runs.times) >= 1 << 18 or len(sched.itl_gaps) >= 65536:
+        if len(sched.itl_runs.times) >= 1 << 16 or len(sched.itl_gaps) >= 65536:
             self.itl.fold(sched)
         if self.clock - self._last_sample >= self.config.timeline_interval_s:
             sched.settle()  # the blocks a held run takes
