@@ -287,12 +287,15 @@ class SimCounters:
 class LaggedDecodeTimes:
     """A run's decode step times under async scheduling: a request that arrives during a decode step
     is seen only when the step after it ends (that one was scheduled before it arrived), so a run
-    that the next arrival would stop goes on one step past it. Keeps the times it returned last."""
+    that the next arrival would stop goes on one step past it. Keeps the times it returned last.
+    `step_time`, the latency model's `decode_step_time` if given, prices that step (a run's end
+    times add each step's `decode_step_time` in order: the same float), else `decode_times` does."""
 
-    __slots__ = ("decode_times", "times")
+    __slots__ = ("decode_times", "step_time", "times")
 
-    def __init__(self, decode_times) -> None:
+    def __init__(self, decode_times, step_time=None) -> None:
         self.decode_times = decode_times
+        self.step_time = step_time
         self.times: list[float] = []
 
     def __call__(self, num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline):
@@ -300,9 +303,11 @@ class LaggedDecodeTimes:
         k = len(times) - 1
         if k < max_steps:  # stopped by the deadline: the step starting at or after it runs too,
             # priced from times[k] as the run would (step k + 1 reads k * num_seqs more tokens)
-            times += self.decode_times(
-                num_seqs, num_context_tokens + k * num_seqs, max_seq_len + k, 1, times[k], math.inf
-            )[1:]
+            context, longest = num_context_tokens + k * num_seqs, max_seq_len + k
+            if self.step_time is not None:
+                times.append(times[k] + self.step_time(num_seqs, context, longest))
+            else:
+                times += self.decode_times(num_seqs, context, longest, 1, times[k], math.inf)[1:]
         self.times = times
         return times
 
@@ -388,8 +393,10 @@ class Replica:
         # async: the start and requests of the last step when it ran ahead (`can_run_ahead`), else None
         self._deferred_start: float | None = None
         self._deferred_seqs: tuple[Sequence, ...] | list[Sequence] | None = None
-        self._lagged = LaggedDecodeTimes(self.decode_times)
-        self._lagged_overlapped = LaggedDecodeTimes(_decode_times(self.overlapped_latency))
+        self._lagged = LaggedDecodeTimes(self.decode_times, latency.decode_step_time)
+        self._lagged_overlapped = LaggedDecodeTimes(
+            _decode_times(self.overlapped_latency), self.overlapped_latency.decode_step_time
+        )
         self._host_first = HostFirstDecodeTimes(latency.decode_step_time, self._lagged_overlapped)
         self.clock = 0.0  # exact simulated time of this replica; env.now follows it
         self.block_manager = LazyBlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)

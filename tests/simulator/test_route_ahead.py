@@ -232,3 +232,23 @@ def test_held_runs_equal_runs_applied_as_they_stop(
         k: v for k, v in b.summary.items() if k not in skip
     }
     assert [r.capacity for r in held.replicas] == [r.capacity for r in applied.replicas]
+
+
+@pytest.mark.parametrize("span", [0.05, 2.0])
+def test_the_step_past_the_deadline_priced_alone_is_the_same_float(qwen06, span):
+    """`LaggedDecodeTimes` with the model's `decode_step_time` for the step past the deadline: the
+    times of the run priced as one (and of the reference loop)."""
+    from simulator.defaults import default_profile
+    from simulator.fast_forward import accumulate_decode_times
+    from simulator.latency.gpus import get_gpu
+    from simulator.latency.profile import load_latency_model
+    from simulator.sim import LaggedDecodeTimes
+
+    fitted = load_latency_model(default_profile("qwen3-0.6b", "H200", 16, 1), qwen06, get_gpu("H200"), 1, 16)
+    for model in (RooflineModel(qwen06, "H200", 1), fitted, fitted.overlapped_model()):
+        n, ctx, length, start = 24, 24 * 900, 1500, 0.25
+        by_run = LaggedDecodeTimes(model.decode_step_times)(n, ctx, length, 1 << 20, start, start + span)
+        by_step = LaggedDecodeTimes(model.decode_step_times, model.decode_step_time)
+        assert by_step(n, ctx, length, 1 << 20, start, start + span) == by_run
+        k = len(by_run) - 1
+        assert by_run == accumulate_decode_times(model.decode_step_time, n, ctx, length, k, start, math.inf)
