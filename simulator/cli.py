@@ -320,6 +320,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         loss=args.loss,
         split_kv=like.split_kv if args.split_kv == "like" else parse_split_kv(args.split_kv),
         floors=not args.no_floors,
+        host_table=not args.no_host_table,
         extra=extra,
     )
     profile.save(args.out)
@@ -432,6 +433,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-floors",
         action="store_true",
         help="fit no host floors (per step kind, the least time a step takes; fitted by default)",
+    )
+    fit.add_argument(
+        "--no-host-table",
+        action="store_true",
+        help="records of async scheduling: leave out the decode fit's sync_x_table_entries (the host "
+        "time of a step not scheduled ahead that grows with its block table's entries, num_seqs x "
+        "blocks of the longest sequence; fitted by default), as profiles fitted before it",
     )
     fit.add_argument(
         "--infer-overlapped",

@@ -43,7 +43,12 @@ LEGACY_DECODE_FEATURES = (DECODE_FEATURES[:4], DECODE_FEATURES[:5], DECODE_FEATU
 # `sync` (1 for such a step) and `sync_x_batch_size` (its padded batch size). Fits without them are
 # fits of synchronous engines: every step paid it, and the other coefficients hold it.
 SYNC_FEATURES = ("sync", "sync_x_batch_size")
+# And the host's time that grows with the block table the step's inputs carry: `sync_x_table_entries`
+# (for a step not scheduled ahead, its table's entries: num_seqs x blocks of the longest sequence,
+# `table_entries`). Fits of async records without it (ASYNC_DECODE_FEATURES) predict with it 0.
+TABLE_FEATURES = ("sync_x_table_entries",)
 ASYNC_DECODE_FEATURES = DECODE_FEATURES + SYNC_FEATURES
+TABLE_DECODE_FEATURES = ASYNC_DECODE_FEATURES + TABLE_FEATURES
 PREFILL_FEATURES = (
     "const",
     "total_num_scheduled_tokens",
@@ -258,6 +263,13 @@ def longest_split_divisor(split_kv: SplitKV | None, padded_batch_size: int) -> i
     return split_kv.num_splits(padded_batch_size) if split_kv is not None else 1
 
 
+def table_entries(num_seqs: Any, max_seq_len: Any, block_size: int) -> Any:
+    """Entries of a step's block table: num_seqs rows x the blocks of its longest sequence
+    (ceil(max_seq_len / block_size)), as the engine builds it for every step (`prepare_inputs`) and
+    `engine.profiling.envelope` reports it (`table_width`). Integers, or int64 arrays."""
+    return num_seqs * ((max_seq_len + block_size - 1) // block_size)
+
+
 STEP_FLOOR_KINDS = ("decode", "prefill", "mixed")
 
 
@@ -305,6 +317,9 @@ class FittedModel(LatencyModelBase):
                engine/layers/gemv.py; larger ones cuBLAS and unfused norms, a step up in time)
              + c7 + c8 * padded batch size (fits of async-scheduling records only, SYNC_FEATURES:
                the host's time a step not scheduled ahead pays; `overlapped_model()` leaves it out)
+             + c9 * num_seqs * ceil(max_seq_len / block_size) (TABLE_FEATURES: the part of that time
+               that grows with the block table's entries, `table_entries`; also left out by
+               `overlapped_model()`; `block_size` is the profile's)
     prefill/mixed: c0 + c1 * new tokens + c2 * prefill_attn_work + c3 * num_context_tokens
                    + c4 * num_seqs + c5 * num_decode_seqs
     The padded batch size is the CUDA-graph size a decode step runs at (`graph_padded_batch_size`
@@ -322,14 +337,15 @@ class FittedModel(LatencyModelBase):
         split_kv: SplitKV | None = None,
         floors: StepFloors | None = None,
         overlapped: bool = False,
+        block_size: int | None = None,
     ) -> None:
         if tuple(decode.features) in LEGACY_DECODE_FEATURES:
             padding = (0.0,) * (len(DECODE_FEATURES) - len(decode.features))
             decode = LinearFit(DECODE_FEATURES, (*decode.coefficients, *padding), decode.error)
-        if tuple(decode.features) not in (DECODE_FEATURES, ASYNC_DECODE_FEATURES):
+        if tuple(decode.features) not in (DECODE_FEATURES, ASYNC_DECODE_FEATURES, TABLE_DECODE_FEATURES):
             raise ValueError(
                 f"decode fit features {list(decode.features)} != expected {list(DECODE_FEATURES)}"
-                f" (or those and {list(SYNC_FEATURES)})"
+                f" (or those and {list(SYNC_FEATURES)}, or those and {list(TABLE_FEATURES)})"
             )
         if tuple(prefill.features) != PREFILL_FEATURES:
             raise ValueError(
@@ -351,6 +367,14 @@ class FittedModel(LatencyModelBase):
         coefs = [float(c) for c in decode.coefficients]
         self._d0, self._d1, self._d2, self._d3, self._d4, self._d5, self._d6 = coefs[:7]
         self.sync_coefficients = (coefs[7], coefs[8]) if len(coefs) > 7 else (0.0, 0.0)
+        self.table_coefficient = coefs[9] if len(coefs) > 9 else 0.0
+        if self.table_coefficient != 0.0 and not (
+            isinstance(block_size, int) and not isinstance(block_size, bool) and block_size > 0
+        ):
+            raise ValueError(
+                f"block_size: a decode fit with {TABLE_FEATURES[0]} needs the KV block size, got {block_size!r}"
+            )
+        self.block_size = block_size
         # `overlapped`: decode steps scheduled while the step before them ran (async scheduling), so
         # the host's work for them is hidden. Otherwise (the default) they pay it, as every step of a
         # synchronous engine does: the sync terms join the intercept and the batch-size term (adding
@@ -359,6 +383,10 @@ class FittedModel(LatencyModelBase):
         if not overlapped:
             self._d0 += self.sync_coefficients[0]
             self._d1 += self.sync_coefficients[1]
+        # the table term a step pays (0.0: none, and the paths below skip it: predictions of fits
+        # without it are bit for bit those of before it)
+        self._table = 0.0 if overlapped else self.table_coefficient
+        self._bs = block_size or 1
         self._overlapped_model: FittedModel | None = None
         self._p = tuple(float(c) for c in prefill.coefficients)
         # padded batch -> (c0 + c6 [b > 1] + c1 * b, c3 + c4 * b + c5 / splits)
@@ -439,7 +467,7 @@ class FittedModel(LatencyModelBase):
     @property
     def has_sync_terms(self) -> bool:
         """Whether the fit tells steps scheduled ahead from the others (records of async scheduling)."""
-        return self.sync_coefficients != (0.0, 0.0)
+        return self.sync_coefficients != (0.0, 0.0) or self.table_coefficient != 0.0
 
     def overlapped_model(self) -> FittedModel:
         """This model for decode steps scheduled while the step before them ran: without the sync
@@ -456,6 +484,7 @@ class FittedModel(LatencyModelBase):
                 self.split_kv,
                 self.floors,
                 overlapped=True,
+                block_size=self.block_size,
             )
         return self._overlapped_model
 
@@ -473,6 +502,8 @@ class FittedModel(LatencyModelBase):
         if self._balanced:
             length_coef = self._length_coef(b, num_context_tokens, max_seq_len)
         t = base + self._d2 * num_context_tokens + length_coef * max_seq_len
+        if self._table:
+            t = t + self._table * (num_seqs * ((max_seq_len + self._bs - 1) // self._bs))
         return t if t > self._decode_floor else self._decode_floor
 
     def _leading_decode_times(
@@ -488,6 +519,9 @@ class FittedModel(LatencyModelBase):
         order ((c0(b) + d1*b) + d2*ctx) + length_coef(b)*len, without a call a step. The host floor is
         left out where it cannot bind: the first step is above it and later ones only grow. Balanced
         split-KV models (the longest split changes within a run) recompute it every step."""
+        if self._table:
+            run = (num_seqs, num_context_tokens, max_seq_len)
+            return _table_decode_times(self, run, max_steps, start, deadline)
         if self._balanced:
             run = (num_seqs, num_context_tokens, max_seq_len)
             return _balanced_decode_times(self, run, max_steps, start, deadline)
@@ -521,7 +555,10 @@ class FittedModel(LatencyModelBase):
         steps = arange_int64(num_context_tokens, num_steps, num_seqs) * self._d2
         # in place, in decode_step_time's order (a sum's two terms commute exactly)
         steps += base
-        steps += arange_int64(max_seq_len, num_steps, 1) * length_coef
+        lengths = arange_int64(max_seq_len, num_steps, 1)
+        steps += lengths * length_coef
+        if self._table:
+            steps += table_entries(num_seqs, lengths, self._bs) * self._table
         if self._decode_floor > 0.0:
             np.maximum(steps, self._decode_floor, out=steps)
         return steps
@@ -555,6 +592,8 @@ class FittedModel(LatencyModelBase):
             + self._length_coef(b, num_context_tokens, max_seq_len) * max_seq_len
         )
         linear, overhead = self._d1 * b, self._intercept(b)
+        if self._table:
+            overhead += self._table * table_entries(num_seqs, max_seq_len, self._bs)
         below_floor = self._decode_floor - (overhead + linear + attention)
         return (linear, attention, 0.0, overhead + below_floor if below_floor > 0.0 else overhead)
 
@@ -568,6 +607,34 @@ class FittedModel(LatencyModelBase):
         if total < floor:  # host-bound: the time below the floor is host overhead
             return StepTime(linear, attention, 0.0, overhead + (floor - total), floor)
         return StepTime(linear, attention, 0.0, overhead, total)
+
+
+def _table_decode_times(
+    model: FittedModel, run: tuple[int, int, int], max_steps: int, start: float, deadline: float
+) -> list[float]:
+    """`FittedModel._leading_decode_times` of a model with a table term, `run` = (num_seqs,
+    num_context_tokens, max_seq_len): decode_step_time's operations a step, in its order (the
+    longest split recomputed a step where balanced; the table's entries change once a block)."""
+    num_seqs, ctx, length = run
+    b = graph_padded_batch_size(num_seqs, model._gmax)
+    base, length_coef = model._coefs(b)
+    d2, table, bs, floor = model._d2, model._table, model._bs, model._decode_floor
+    balanced = model._balanced
+    times = [start]
+    append = times.append
+    t = start
+    for _ in range(max_steps):
+        if t >= deadline:
+            break
+        if balanced:
+            length_coef = model._length_coef(b, ctx, length)
+        s = base + d2 * ctx + length_coef * length
+        s = s + table * (num_seqs * ((length + bs - 1) // bs))
+        t = t + (s if s > floor else floor)
+        append(t)
+        ctx += num_seqs
+        length += 1
+    return times
 
 
 def _balanced_decode_times(
@@ -948,6 +1015,7 @@ def fit_step_records(
     loss: str = "absolute",
     split_kv: SplitKV | None = None,
     floors: bool = True,
+    host_table: bool = True,
 ) -> FittedModel:
     """Fit a `FittedModel` on step records (a DataFrame with CONTRACT.md's step-record columns).
 
@@ -958,6 +1026,10 @@ def fit_step_records(
     CUDA-graph sizes up to `max_graph_batch_size` (default: from `max_num_seqs`, else the records'
     largest `graph_batch_size`; 0 when the records show no graphs). `split_kv`: how the engine's
     decode kernel split each sequence's KV (None: it did not, and longest_split stays out of the fit).
+    Records of async scheduling (an `overlapped` column with steps on both sides) add SYNC_FEATURES
+    and, where the records give the block size and `host_table` is set, TABLE_FEATURES to the
+    decode fit (`host_table` False: the fit of before TABLE_FEATURES, e.g. to refit a profile made
+    then).
     `floors`: then fit a host floor per step kind (`fit_floor`, same loss, same training steps, the
     linear coefficients held as fitted); the held-back error is that of max(floor, linear).
     """
@@ -1015,6 +1087,11 @@ def fit_step_records(
     sync = sync_features(dec, x_dec[:, 1])
     if sync is not None:
         x_dec, features = np.column_stack([x_dec, sync]), ASYNC_DECODE_FEATURES
+        if host_table and block_size is not None:  # the table term needs the block size (the records' column)
+            entries = table_entries(
+                *(dec[c].to_numpy(dtype=np.int64) for c in ("num_seqs", "max_seq_len")), block_size
+            )
+            x_dec, features = np.column_stack([x_dec, sync[:, 0] * entries]), TABLE_DECODE_FEATURES
     decode_fit = _fit_kind(x_dec, y[is_decode], features, seed, holdout_fraction, "decode", loss)
     x_pre = prefill_features(pre)
     prefill_fit = _fit_kind(
@@ -1041,4 +1118,6 @@ def fit_step_records(
         seed=seed,
         holdout_fraction=holdout_fraction,
     )
-    return FittedModel(decode_fit, prefill_fit, gmax, summary, split_kv=split_kv, floors=step_floors)
+    return FittedModel(
+        decode_fit, prefill_fit, gmax, summary, split_kv=split_kv, floors=step_floors, block_size=block_size
+    )

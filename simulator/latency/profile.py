@@ -101,6 +101,7 @@ class LatencyProfile:
             profile=self,
             split_kv=self.split_kv,
             floors=self.floors,
+            block_size=self.block_size,
         )
 
     # ---- compatibility ----------------------------------------------------------------------------
@@ -303,12 +304,14 @@ def fit_profile(
     extra: dict[str, Any] | None = None,
     split_kv: SplitKV | None = None,
     floors: bool = True,
+    host_table: bool = True,
 ) -> LatencyProfile:
     """Calibrate: fit step records (`fit_step_records`) and wrap the fit as a profile."""
     fitted = fit_step_records(
         records,
         split_kv=split_kv,
         floors=floors,
+        host_table=host_table,
         max_num_seqs=max_num_seqs,
         max_graph_batch_size=max_graph_batch_size,
         target=target,
@@ -421,6 +424,11 @@ def profile_report(profile) -> str:
                 f"  {kind:<8} held-back error: median {err.median_rel_error:.1%}, p90 {err.p90_rel_error:.1%} "
                 f"({err.n_test} held back of {err.n_train + err.n_test})"
             )
+    table = dict(zip(profile.decode.features, profile.decode.coefficients)).get("sync_x_table_entries")
+    if table is not None:
+        lines.append(
+            f"  host table term: {table * 1e9:.1f} ns a block-table entry (decode steps not scheduled ahead)"
+        )
     floors = getattr(profile, "floors", None)
     if floors is not None:
         lines.append(

@@ -184,8 +184,28 @@ def latency_models(model: ModelSpec, records: pd.DataFrame) -> dict:
         "fitted-balanced-floored": FittedModel(
             _with_longest_split(fitted.decode), fitted.prefill, GMAX, split_kv=balanced, floors=floors
         ),
+        # the table term of steps not scheduled ahead (block 16: it changes every 16 steps of a run)
+        "fitted-table": FittedModel(
+            _with_table(fitted.decode), fitted.prefill, GMAX, split_kv=split_kv, block_size=16
+        ),
+        "fitted-table-balanced-floored": FittedModel(
+            _with_table(_with_longest_split(fitted.decode)),
+            fitted.prefill,
+            GMAX,
+            split_kv=balanced,
+            floors=floors,
+            block_size=16,
+        ),
         **_transferred_models(model),
     }
+
+
+def _with_table(decode):
+    """`decode` with the sync terms 0.3 ms + 5 us a padded row and 50 ns a block-table entry."""
+    from simulator.latency import LinearFit
+    from simulator.latency.fitted import TABLE_DECODE_FEATURES
+
+    return LinearFit(TABLE_DECODE_FEATURES, (*decode.coefficients[:7], 3e-4, 5e-6, 5e-8))
 
 
 def _transferred_models(model: ModelSpec) -> dict:

@@ -434,7 +434,7 @@ def test_records_of_async_scheduling_fit_the_host_time_of_steps_not_scheduled_ah
     sync = decode & (rng.random(len(records)) < 0.3)
     records["overlapped"] = decode & ~sync
     records.loc[sync, "gpu_time_s"] += 5e-4 + 4e-6 * records.loc[sync, "graph_batch_size"]
-    fit = fit_step_records(records, max_num_seqs=truth.gmax, split_kv=truth.split_kv)
+    fit = fit_step_records(records, max_num_seqs=truth.gmax, split_kv=truth.split_kv, host_table=False)
     assert fit.decode.features == ASYNC_DECODE_FEATURES and fit.has_sync_terms
     np.testing.assert_allclose(fit.decode.coefficients, (*truth.decode, 5e-4, 4e-6), rtol=1e-6)
     assert fit.decode.error.median_rel_error < 1e-9
@@ -446,3 +446,66 @@ def test_records_of_async_scheduling_fit_the_host_time_of_steps_not_scheduled_ah
     for no_split in (records.drop(columns="overlapped"), records.assign(overlapped=False)):
         plain = fit_step_records(no_split, max_num_seqs=truth.gmax, split_kv=truth.split_kv)
         assert plain.decode.features == DECODE_FEATURES and not plain.has_sync_terms
+
+
+def test_records_of_async_scheduling_fit_the_block_table_term_of_steps_not_scheduled_ahead(
+    make_records, truth
+) -> None:
+    """Decode steps not `overlapped` took 0.5 ms + 4 us a padded row + 30 ns a block-table entry
+    (num_seqs x ceil(max_seq_len / 256), the records' block size) more: the fit adds TABLE_FEATURES
+    and recovers all three; the overlapped view leaves them out. Records without a block size, or
+    host_table=False, fit ASYNC_DECODE_FEATURES."""
+    from simulator.latency.fitted import ASYNC_DECODE_FEATURES, TABLE_DECODE_FEATURES, table_entries
+
+    records = make_records(noise=0.0)
+    rng = np.random.default_rng(5)
+    decode = records["kind"] == "decode"
+    sync = decode & (rng.random(len(records)) < 0.3)
+    records["overlapped"] = decode & ~sync
+    entries = table_entries(records["num_seqs"], records["max_seq_len"], 256)
+    assert entries[sync].nunique() > 50
+    records.loc[sync, "gpu_time_s"] += (
+        5e-4 + 4e-6 * records.loc[sync, "graph_batch_size"] + 3e-8 * entries[sync]
+    )
+    fit = fit_step_records(records, max_num_seqs=truth.gmax, split_kv=truth.split_kv)
+    assert fit.decode.features == TABLE_DECODE_FEATURES and fit.block_size == 256
+    np.testing.assert_allclose(fit.decode.coefficients, (*truth.decode, 5e-4, 4e-6, 3e-8), rtol=1e-6)
+    assert fit.decode.error.median_rel_error < 1e-9
+    row = records[sync].iloc[0]
+    shape = (int(row["num_seqs"]), int(row["num_context_tokens"]), int(row["max_seq_len"]))
+    assert fit.decode_step_time(*shape) == pytest.approx(row["gpu_time_s"], rel=1e-9)
+    ahead = fit.overlapped_model().decode_step_time(*shape)
+    added = 5e-4 + 4e-6 * row["graph_batch_size"] + 3e-8 * entries[row.name]
+    assert ahead == pytest.approx(row["gpu_time_s"] - added, rel=1e-9)
+    for older in (
+        fit_step_records(records.drop(columns="block_size"), max_num_seqs=truth.gmax),
+        fit_step_records(records, max_num_seqs=truth.gmax, host_table=False),
+    ):
+        assert older.decode.features == ASYNC_DECODE_FEATURES and older.table_coefficient == 0.0
+
+
+def test_the_block_table_term_exact_values() -> None:
+    """c9 * num_seqs * ceil(max_seq_len / block_size) added after the linear terms, before the floor,
+    for steps not scheduled ahead only; reported as overhead; the same floats in a run's
+    vectorised pricing. A fit without it predicts as before bit for bit."""
+    from simulator.latency.base import StepShape, accumulate_decode_times
+    from simulator.latency.fitted import ASYNC_DECODE_FEATURES, TABLE_DECODE_FEATURES, table_entries
+
+    pre = LinearFit(PREFILL_FEATURES, (1e-3,) * 6)
+    coefs = (2e-3, 2e-5, 3e-8, 1e-7, 2e-9, 0.0, 4e-4, 3e-4, 5e-6)
+    old = FittedModel(LinearFit(ASYNC_DECODE_FEATURES, coefs), pre, 256)
+    new = FittedModel(LinearFit(TABLE_DECODE_FEATURES, (*coefs, 1e-6)), pre, 256, block_size=16)
+    assert table_entries(5, 33, 16) == 15 and table_entries(5, 32, 16) == 10
+    assert new.decode_step_time(5, 1000, 33) == old.decode_step_time(5, 1000, 33) + 1e-6 * 15
+    # 2.9 ms (const, multi_row, sync, rows at b = 8) + 30 us + 3.828 us + 15 us
+    assert new.decode_step_time(5, 1000, 33) == 0.002948828
+    assert new.overlapped_model().decode_step_time(5, 1000, 33) == old.overlapped_model().decode_step_time(
+        5, 1000, 33
+    )
+    step = new.predict(StepShape.decode(5, 1000, 33))
+    assert step.total == new.decode_step_time(5, 1000, 33)
+    assert step.overhead == pytest.approx(2e-3 + 4e-4 + 3e-4 + 1e-6 * 15, rel=1e-12)
+    times = new.decode_step_times(5, 1000, 33, 400, 0.0, 1e9)
+    assert times == accumulate_decode_times(new.decode_step_time, 5, 1000, 33, 400, 0.0, 1e9)
+    with pytest.raises(ValueError, match="block_size"):
+        FittedModel(LinearFit(TABLE_DECODE_FEATURES, (*coefs, 1e-6)), pre, 256)

@@ -271,7 +271,8 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
     records = SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs16_async.parquet"
     out = tmp_path / "refit.json"
-    assert main(["fit", "--records", str(records), "--like", str(shipped), "--out", str(out)]) == 0
+    args = ["fit", "--records", str(records), "--like", str(shipped), "--out", str(out), "--no-host-table"]
+    assert main(args) == 0
     refit, original = LatencyProfile.load(out), LatencyProfile.load(shipped)
     assert refit.decode.features == ASYNC_DECODE_FEATURES
     assert _same_fit(refit.decode.coefficients, original.decode.coefficients)
@@ -303,7 +304,8 @@ def test_the_block_256_and_8b_async_profiles_refit_and_are_picked(tmp_path, stem
     shipped = SHIPPED_PROFILE_DIR / f"{stem}_async.json"
     records = SHIPPED_PROFILE_DIR / "records" / f"steps_{stem}_async.parquet"
     out = tmp_path / "refit.json"
-    assert main(["fit", "--records", str(records), "--like", str(shipped), "--out", str(out)]) == 0
+    args = ["fit", "--records", str(records), "--like", str(shipped), "--out", str(out), "--no-host-table"]
+    assert main(args) == 0
     refit, original = LatencyProfile.load(out), LatencyProfile.load(shipped)
     assert refit.decode.features == ASYNC_DECODE_FEATURES
     assert _same_fit(refit.decode.coefficients, original.decode.coefficients)
@@ -364,3 +366,36 @@ def test_parse_split_kv_forms() -> None:
         parse_split_kv("8:132:256:64:1")
     with pytest.raises(ValueError, match=r"split_kv.split_tokens: must be a non-negative integer, got -1"):
         parse_split_kv("8:132:256:-1")
+
+
+@pytest.mark.parametrize(
+    "stem, expected",
+    [
+        (
+            "qwen3-0.6b_h200_tp1_bs16_async",
+            (0.0011207381980545088, 0.02367734351165822, 0.03011405001545151, 5.229427305949624),
+        ),
+        (
+            "qwen3-8b_h200_tp1_bs16_async",
+            (0.0051266073565316836, 0.032805119914945474, 0.040058893354079854, 7.508747964776984),
+        ),
+    ],
+)
+def test_async_profiles_without_the_table_term_predict_as_before_it(stem, expected) -> None:
+    """A shipped profile fitted before TABLE_FEATURES (no coefficient for it) predicts the floats it
+    predicted then: steps not scheduled ahead (three steps, a 300-step run's end) and, unchanged,
+    mixed steps (the prefill fit has no table term)."""
+    from simulator.defaults import SHIPPED_PROFILE_DIR
+    from simulator.latency.base import StepShape
+
+    model = LatencyProfile.load(SHIPPED_PROFILE_DIR / f"{stem}.json").to_latency_model()
+    assert model.table_coefficient == 0.0 and len(model.decode.features) == 9
+    shapes = ((1, 100, 101), (64, 700_000, 32_000), (128, 1_000_000, 24_000))
+    got = [model.decode_step_time(*s) for s in shapes]
+    got.append(model.decode_step_times(64, 500_000, 20_000, 300, 0.0, 1e9)[-1])
+    assert tuple(got) == expected
+    mixed = {
+        "qwen3-0.6b_h200_tp1_bs16_async": 0.022204064086601208,
+        "qwen3-8b_h200_tp1_bs16_async": 0.06547575267047855,
+    }
+    assert model.predict(StepShape("mixed", 40, 2, 2048, 2010, 300_000, 32_000, 4e6)).total == mixed[stem]
