@@ -10,9 +10,11 @@ trace, the simulation, the summary) and of the loop (`run_simulation`), each wit
 peak RSS; then the exponent b of a least-squares fit cost = a * requests^b over the synthetic runs
 (1.0: linear). With --replica-cost, the 100,000-request trace also on one replica at an eighth of the
 rate (the same load a replica), and the loop CPU a request of the 8 replicas over that of one.
+To time an older build against this one, copy this file into a worktree of that build and run it
+there with --profile-dir naming this tree's simulator/profiles (the same profiles), alternating.
 
-    python benchmarks/bench_simulator.py [--async-scheduling] [--block-sizes 16,256] [--repeat N]
-        [--million | --million-only] [--no-synthetic] [--replica-cost]
+    python benchmarks/bench_simulator.py [--async-scheduling] [--block-sizes 16,256] [--traces A,B] [--repeat N]
+        [--million | --million-only] [--no-synthetic] [--replica-cost] [--profile-dir DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +53,7 @@ class Case:
     num_replicas: int = 1
     async_scheduling: bool = False
     rate: float = SYNTHETIC["rate"]  # of a synthetic trace
+    profile_dir: str | None = None  # take the shipped profile's file of the same name from here
 
     def as_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -77,7 +80,11 @@ def run_child(case: Case) -> dict:
     sys.path.insert(0, str(ROOT))
     import traces
     from simulator.config import SimConfig
-    from simulator.defaults import default_profile
+
+    try:
+        from simulator.defaults import default_profile
+    except ImportError:  # a tree before simulator/defaults.py (timed against this one)
+        from simulator.cli import default_profile
     from simulator.models import resolve_model
     from simulator.report import format_summary
     from simulator.run import run_simulation
@@ -96,6 +103,8 @@ def run_child(case: Case) -> dict:
         async_scheduling=case.async_scheduling,
     )
     profile = default_profile("qwen3-0.6b", "H200", case.block_size, 1, case.async_scheduling)
+    if profile is not None and case.profile_dir is not None:
+        profile = Path(case.profile_dir) / profile.name
     t0, c0 = time.perf_counter(), time.process_time()
     result = run_simulation(trace, config, profile=profile)
     loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -147,7 +156,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
     tag = ", async" if async_ else ""
     out: list[Case] = []
     if not args.million_only:
-        for name in SHIPPED:
+        for name in args.traces.split(",") if args.traces else SHIPPED:
             for bs in (int(b) for b in args.block_sizes.split(",")):
                 out.append(
                     Case(f"{name} block {bs}{tag}", trace=name, block_size=bs, async_scheduling=async_)
@@ -161,6 +170,8 @@ def cases(args: argparse.Namespace) -> list[Case]:
         n, rate = SYNTHETIC_SIZES[-1], SYNTHETIC["rate"] / SYNTHETIC_REPLICAS
         label = f"synthetic {n:,}, 1 replica, {rate:g} req/s{tag}"
         out.append(Case(label, num_requests=n, async_scheduling=async_, rate=rate))
+    if args.profile_dir:
+        out = [replace(c, profile_dir=str(Path(args.profile_dir).resolve())) for c in out]
     return out
 
 
@@ -180,6 +191,11 @@ def print_table(rows: list[Measured]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--block-sizes", default="16", help="block sizes of the shipped-trace runs")
+    p.add_argument(
+        "--traces",
+        default=None,
+        help=f"shipped traces to run, comma-separated (default: {','.join(SHIPPED)})",
+    )
     p.add_argument("--async-scheduling", action="store_true", help="simulate async scheduling")
     p.add_argument("--repeat", type=int, default=1, help="runs of each case; the fastest loop is shown")
     p.add_argument("--million", action="store_true", help="also the 1,000,000-request run (minutes)")
@@ -189,6 +205,12 @@ def main() -> None:
         "--replica-cost",
         action="store_true",
         help="also the 100,000-request trace on one replica at the same load a replica",
+    )
+    p.add_argument(
+        "--profile-dir",
+        default=None,
+        help="the shipped profiles' files of the same name from this folder (e.g. this tree's "
+        "simulator/profiles, with the script copied into an older tree's worktree to time that build)",
     )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
