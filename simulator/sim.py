@@ -417,6 +417,9 @@ class Replica:
         self._last_sample = -math.inf
         self._wakeup: simpy.Event | None = None
         self._params: dict[int, SamplingParams] = {}
+        # False where each submitted prompt is a list of its own, used nowhere after: the request's
+        # Sequence takes it as its token list instead of a copy
+        self.copy_prompts = True
         self.process = env.process(self.run())
 
     def _now(self) -> float:
@@ -455,7 +458,7 @@ class Replica:
         params = self._params.get(output_len)
         if params is None:  # frozen: one per output length serves every request of that length
             params = self._params[output_len] = SamplingParams(max_tokens=output_len, ignore_eos=True)
-        seq = self.scheduler.add_request(prompt, params, arrival_time=arrival_s)
+        seq = self.scheduler.add_request(prompt, params, arrival_s, copy_prompt=self.copy_prompts)
         seq.user_data = (request_id, output_len)
         use = self.capacity
         num_blocks = -(-(seq.num_prompt_tokens + output_len) // self.config.block_size)
@@ -773,6 +776,8 @@ def simulate(
         raise ValueError(f"prompts: {len(prompts)} given for a trace of {len(arrivals)} requests")
     arrival = NextArrival(arrivals[0] if arrivals else math.inf)
     replicas = [Replica(env, i, config, num_kv_blocks, latency, arrival) for i in range(config.num_replicas)]
+    for replica in replicas:  # prompts built here, one list a request; given ones serve other runs
+        replica.copy_prompts = prompts is not None
     if record_batches:
         for replica in replicas:
             replica.batch_log, replica.overlap_log = [], []

@@ -175,12 +175,13 @@ class Scheduler:
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
         eos_token_id: int | None = None,
+        copy_prompt: bool = True,
     ) -> Sequence:
         """Queue a request; one that can never run comes back REJECTED with its reason."""
         seq_id = self._next_seq_id
         self._next_seq_id += 1
         now = self.clock() if arrival_time is None else arrival_time
-        seq = Sequence(seq_id, prompt_token_ids, sampling_params, now, eos_token_id)
+        seq = Sequence(seq_id, prompt_token_ids, sampling_params, now, eos_token_id, copy_prompt)
         seq.stop_num_tokens = min(seq.stop_num_tokens, self.config.max_model_len)
         reason = self.rejection_reason(seq.num_prompt_tokens)
         if reason:

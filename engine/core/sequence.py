@@ -51,12 +51,14 @@ class Sequence:
         sampling_params: SamplingParams,
         arrival_time: float = 0.0,
         eos_token_id: int | None = None,
+        copy_prompt: bool = True,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {seq_id}: the prompt is empty")
         self.seq_id = seq_id
         self.status = SequenceStatus.WAITING
-        self.token_ids: list[int] = list(prompt_token_ids)
+        # copy_prompt=False: the caller's fresh list becomes the token list (it grows with the output)
+        self.token_ids: list[int] = list(prompt_token_ids) if copy_prompt else prompt_token_ids
         self.num_prompt_tokens = len(self.token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
