@@ -117,9 +117,23 @@ def simulated_knee(base_run: Path, base_scale: float, profile: Path | None, slo:
     return search_max_scale(feasible, start=base_scale, tolerance=0.02, max_scale=256.0).lo
 
 
+def engine_key(run_dir: Path) -> tuple:
+    """What a replay's capacity depends on besides its traffic: model, GPU, TP, scheduling and KV cache
+    (its run.json). Only replays of one key bracket a knee."""
+    meta = json.loads((run_dir / "run.json").read_text())
+    return tuple(str(meta.get(k)) for k in _ENGINE_KEY)
+
+
+_ENGINE_KEY = (
+    "gpu", "tensor_parallel_size", "block_size", "num_kv_blocks", "enable_prefix_caching", "max_num_seqs",
+    "max_num_batched_tokens", "max_model_len", "policy", "async_scheduling",
+)  # fmt: skip
+
+
 def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | None]) -> pd.DataFrame:
     """Per family: the simulated knee (rate scale of its base window) and the real replays' bracket:
-    the highest served scale whose real TTFT p99 met the SLO and the lowest that did not."""
+    the highest served scale whose real TTFT p99 met the SLO and the lowest that did not, among the
+    family's replays of the base's model and engine configuration (`engine_key`)."""
     limit = parse_objectives(suite.slo)[0].limit_s
     out = []
     for family, base in suite.families.items():
@@ -127,6 +141,8 @@ def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | Non
         base_replay = next((r for r in mine if r.run == base), None)
         if base_replay is None:
             raise ValueError(f"{suite.path}: family {family}: base {base.name!r} is not one of its replays")
+        key = (_model_name(base), engine_key(base))
+        mine = [r for r in mine if (_model_name(r.run), engine_key(r.run)) == key]
         knee = simulated_knee(
             base_replay.run, base_replay.rate_scale, profiles[base_replay.run.name], suite.slo
         )
@@ -140,9 +156,14 @@ def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | Non
                 "simulated_knee": knee,
                 "real_passes_at": float(passed.max()) if len(passed) else np.nan,
                 "real_fails_at": float(failed.min()) if len(failed) else np.nan,
+                "num_bracketing": len(mine),
             }
         )
     return pd.DataFrame(out)
+
+
+def _model_name(run_dir: Path) -> str:
+    return json.loads((run_dir / "run.json").read_text())["model"]["name"]
 
 
 def run_suite(suite: Suite, profile_for, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -171,23 +192,26 @@ def format_scoreboard(suite: Suite, rows: pd.DataFrame, families: pd.DataFrame) 
     """The scoreboard as text: replays by family, the held-out totals, then each family's knee."""
     lines = [f"Fidelity scoreboard: {suite.path.name} (targets: {_targets()})", ""]
     head = f"{'family / replay':<44} {'load':<32} {'held':>4} {'met':>5}"
-    head += "".join(f" {m.removesuffix('_s'):>10}" for m in SCORED) + f" {'MAPE':>6} {'spread':>7}"
+    head += "".join(f" {m.removesuffix('_s'):>10}" for m in SCORED) + f" {'MAPE':>6} {'spread':>7}  profile"
     lines.append(head)
     for family, group in rows.groupby("family", sort=False):
-        lines.append(f"{family}  (profile {group['profile'].iloc[0]})")
+        lines.append(family)
         for _, r in group.iterrows():
             line = f"  {r['run']:<42} {r['load'][:32]:<32} {'yes' if r['held_out'] else 'no':>4}"
             line += f" {r['targets_met']:>3}/{len(TARGETS)}" + "".join(f" {_pct(r[m]):>10}" for m in SCORED)
-            line += f" {r['mape']:>6.1%} {_pct(r['repeat_spread']):>7}"
+            line += f" {r['mape']:>6.1%} {_pct(r['repeat_spread']):>7}  {r['profile'].removesuffix('.json')}"
             lines.append(line)
     held = rows[rows["held_out"]]
-    lines += ["", _total("held-out", held), _total("not held-out", rows[~rows["held_out"]]), ""]
+    lines += ["", _total("held-out", held)]
+    if held["profile"].nunique() > 1:
+        lines += [_total(f"  {name.removesuffix('.json')}", group) for name, group in held.groupby("profile")]
+    lines += [_total("not held-out", rows[~rows["held_out"]]), ""]
     lines.append(f"Knee ({suite.slo}), as rate scales of each family's window:")
     for _, f in families.iterrows():
         sim = "none found" if f["simulated_knee"] is None else f"{f['simulated_knee']:.3g}x"
         lines.append(
             f"  {f['family']:<20} simulated {sim:<10} real: met at {_scale(f['real_passes_at'])}, "
-            f"missed at {_scale(f['real_fails_at'])}"
+            f"missed at {_scale(f['real_fails_at'])} ({f['num_bracketing']} real replays of its base's engine)"
         )
     return "\n".join(lines)
 

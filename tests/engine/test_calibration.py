@@ -41,8 +41,8 @@ def test_estimate_prices_each_phase_on_a_shipped_profile(h200_plan):
     model = LatencyProfile.load(SHIPPED / "qwen3-0.6b_h200_tp1_bs16_async.json").to_latency_model()
     est = estimate_seconds(steps, model)
     assert est == pytest.approx(
-        {"short": 23.562987204935, "long": 20.077574501641, "mixed_long": 2.925128863625,
-         "full": 4.358828013045, "serving": 28.0, "total": 78.924518583245}, rel=1e-9
+        {"short": 23.4764189458, "long": 20.436913551645, "mixed_long": 2.92623074156,
+         "full": 4.470837685359, "serving": 28.0, "total": 79.310400924364}, rel=1e-9
     )  # fmt: skip
     # a step run ahead is priced without the host's sync terms
     seconds = step_seconds(steps, model)

@@ -12,11 +12,12 @@ from simulator.validate import TARGETS, format_matrix, path_labels, validation_m
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "simulator/data/validation"
 LIGHT, HEAVY = RUNS / "h200_qwen3-0.6b_bs256_light", RUNS / "h200_qwen3-0.6b_bs256_x10"
-PROFILE = ROOT / "simulator/profiles/qwen3-0.6b_h200_tp1_bs256.json"
+# the block-256 profile those replays were calibrated with (2026-11-30), superseded since
+PROFILE = ROOT / "simulator/profiles/superseded/qwen3-0.6b_h200_tp1_bs256_2026-11-30.json"
 
 
 def test_measured_matrix_of_runs_and_profiles():
-    """The shipped block-256 profile against roofline on a light and a 10x replay: the counts are
+    """The block-256 profile of their engine against roofline on a light and a 10x replay: the counts are
     those of test_validation_shipped (light misses TPOT and p50 E2E; 10x every target).
     The counts are pinned to shipped measured data: they detect change, not correctness."""
     m = validation_matrix([LIGHT, HEAVY], [PROFILE, None], progress=False)
@@ -58,7 +59,7 @@ def test_cli_table_and_csv(tmp_path, capsys):
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert f"profiles/{PROFILE.name}" in out and f"mine/{PROFILE.name}" in out
+    assert f"superseded/{PROFILE.name}" in out and f"mine/{PROFILE.name}" in out
     saved = pd.read_csv(tmp_path / "v" / "validation_matrix.csv")
     assert list(saved["targets_met"]) == [5, 5]
     assert saved["tpot_mean_s"].iloc[0] == saved["tpot_mean_s"].iloc[1]

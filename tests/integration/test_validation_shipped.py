@@ -75,17 +75,17 @@ def test_measured_balanced_engine_replays(run, expected_misses, throughput):
     (room for a 256-token page per sequence): x10 -9 % on decode steps. docs/PERF.md has the tables.
     Pinned to shipped measured data: detects change (in the data or the simulator), not correctness."""
     block = run.split("_")[0]
-    v, table = errors(f"h200_qwen3-0.6b_{run}", f"qwen3-0.6b_h200_tp1_{block}.json")
+    v, table = errors(f"h200_qwen3-0.6b_{run}", f"superseded/qwen3-0.6b_h200_tp1_{block}_2026-11-30.json")
     assert misses(table) == expected_misses, table
     assert throughput[0] < table.loc["throughput_rps", "rel_error"] < throughput[1], table
     assert v.steps is not None and v.steps["residual"].abs().median() < 0.11  # 3.4-10.5 % measured
 
 
-ASYNC_06B_256 = "qwen3-0.6b_h200_tp1_bs256_async.json"
-# the block-16 async profile these replays were calibrated with (a cache of 8,192 blocks, max_model_len
-# 16384), superseded by the shipped one, calibrated on the engine's own cache and 32k contexts
+ASYNC_06B_256 = "superseded/qwen3-0.6b_h200_tp1_bs256_async_2026-11-30.json"
+# the profiles these replays were calibrated with (a cache of 8,192 blocks, max_model_len 16384),
+# superseded by the shipped ones, calibrated on the engine's own cache and 32k contexts
 ASYNC_06B_16 = "superseded/qwen3-0.6b_h200_tp1_bs16_async_2026-11-30.json"
-ASYNC_8B_16 = "qwen3-8b_h200_tp1_bs16_async.json"
+ASYNC_8B_16 = "superseded/qwen3-8b_h200_tp1_bs16_async_2026-11-30.json"
 
 
 @pytest.mark.parametrize(
@@ -194,7 +194,7 @@ def test_measured_real_run_again_next_to_the_simulated_one():
     Pinned to shipped measured data: detects change (in the data or the simulator), not correctness."""
     x8 = validate_run(
         RUNS / "h200_qwen3-0.6b_bs16_x8",
-        PROFILES / "qwen3-0.6b_h200_tp1_bs16.json",
+        PROFILES / "superseded/qwen3-0.6b_h200_tp1_bs16_2026-11-30.json",
         RUNS / "h200_qwen3-0.6b_bs16_x8b",
     )
     table = x8.table.set_index("metric")
@@ -202,7 +202,7 @@ def test_measured_real_run_again_next_to_the_simulated_one():
     assert 0.02 < table.loc["ttft_p50_s", "rel_error"] < 0.03, table
     x10 = validate_run(
         RUNS / "h200_qwen3-0.6b_bs16_x10",
-        PROFILES / "qwen3-0.6b_h200_tp1_bs16.json",
+        PROFILES / "superseded/qwen3-0.6b_h200_tp1_bs16_2026-11-30.json",
         RUNS / "h200_qwen3-0.6b_bs16_x10b",
     )
     table = x10.table.set_index("metric")
@@ -217,7 +217,9 @@ def test_pinned_one_row_decode_is_fitted_apart():
     decode KV as the balanced kernel does.
     Pinned to the shipped profiles' fitted coefficients: detects change in them, not correctness."""
     for block in (16, 256):
-        model = LatencyProfile.load(PROFILES / f"qwen3-0.6b_h200_tp1_bs{block}.json").to_latency_model()
+        model = LatencyProfile.load(
+            PROFILES / f"superseded/qwen3-0.6b_h200_tp1_bs{block}_2026-11-30.json"
+        ).to_latency_model()
         coefficient = model.decode.as_dict()["multi_row"]
         assert 4e-4 < coefficient < 6e-4, (block, coefficient)  # 0.53 and 0.51 ms
         assert model.split_kv is not None and model.split_kv.balanced
@@ -234,7 +236,7 @@ def test_measured_qwen3_8b_replays(load, ttft_p99):
     GPU-bound (a one-row decode step takes ~5.3 ms), so the host's phases blur them far less than the
     0.6B's.
     Pinned to shipped measured data: detects change (in the data or the simulator), not correctness."""
-    v, table = errors(f"h200_qwen3-8b_bs16_{load}", "qwen3-8b_h200_tp1_bs16.json")
+    v, table = errors(f"h200_qwen3-8b_bs16_{load}", "superseded/qwen3-8b_h200_tp1_bs16_2026-11-30.json")
     assert misses(table) == set(), table
     assert (table.loc[["throughput_rps", "tpot_mean_s"], "rel_error"].abs() < 0.01).all(), table
     assert ttft_p99[0] < table.loc["ttft_p99_s", "rel_error"] < ttft_p99[1], table
@@ -249,7 +251,7 @@ def test_step_residuals_compare_with_the_time_the_profile_was_fitted_on():
     from simulator.models import resolve_model
     from simulator.validate import measured_column
 
-    v, _ = errors("h200_qwen3-0.6b_bs256_light", "qwen3-0.6b_h200_tp1_bs256.json")
+    v, _ = errors("h200_qwen3-0.6b_bs256_light", "superseded/qwen3-0.6b_h200_tp1_bs256_2026-11-30.json")
     steps = v.steps
     assert steps["gpu_time_s"].notna().all() and (steps["gpu_time_s"] != steps["wall_time_s"]).all()
     assert (steps["measured_s"] == steps["wall_time_s"]).all()

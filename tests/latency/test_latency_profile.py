@@ -261,29 +261,30 @@ def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
 
 
 def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
-    """The shipped `_async` profile (records of an engine scheduling asynchronously, with `overlapped`
-    steps) refits from its records (to 1e-9: `_same_fit`), sync terms included, and loads into a model whose
-    overlapped view drops them; `default_profile` picks it for async scheduling where it exists."""
+    """The shipped block-16 `_async` profile (records of an engine scheduling asynchronously, with
+    `overlapped` steps) refits from its records (to 1e-9: `_same_fit`), sync and block-table terms
+    included, and loads into a model whose overlapped view drops them; `default_profile` picks it
+    for async scheduling where it exists."""
     from simulator.cli import main
     from simulator.defaults import SHIPPED_PROFILE_DIR, default_profile
-    from simulator.latency.fitted import ASYNC_DECODE_FEATURES
+    from simulator.latency.fitted import ASYNC_DECODE_FEATURES, TABLE_FEATURES
 
     shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
     records = SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs16_async.parquet"
     out = tmp_path / "refit.json"
-    args = ["fit", "--records", str(records), "--like", str(shipped), "--out", str(out), "--no-host-table"]
-    assert main(args) == 0
+    assert main(["fit", "--records", str(records), "--like", str(shipped), "--out", str(out)]) == 0
     refit, original = LatencyProfile.load(out), LatencyProfile.load(shipped)
-    assert refit.decode.features == ASYNC_DECODE_FEATURES
+    assert refit.decode.features == ASYNC_DECODE_FEATURES + TABLE_FEATURES
     assert _same_fit(refit.decode.coefficients, original.decode.coefficients)
     assert _same_floors(refit.floors, original.floors)
     model = original.to_latency_model()
-    sync, sync_per_row = model.sync_coefficients
-    assert 3e-4 < sync < 4e-4 and 1.4e-5 < sync_per_row < 1.5e-5  # 0.34 ms + 14.7 us a padded row
+    (sync, sync_per_row), per_entry = model.sync_coefficients, model.table_coefficient
+    # 0.48 ms + 2.7 us a padded row + 15.7 ns a block-table entry
+    assert 4.5e-4 < sync < 5e-4 and 2.5e-6 < sync_per_row < 3e-6 and 1.5e-8 < per_entry < 1.6e-8
     gap = model.decode_step_time(100, 120_000, 4000) - model.overlapped_model().decode_step_time(
         100, 120_000, 4000
     )
-    assert gap == pytest.approx(sync + sync_per_row * 112, rel=1e-9)
+    assert gap == pytest.approx(sync + sync_per_row * 112 + per_entry * 100 * 250, rel=1e-9)
     assert default_profile("qwen3-0.6b", "H200", 16, 1, async_scheduling=True) == shipped
     assert (
         default_profile("qwen3-0.6b", "H200", 16, 1) == SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16.json"
@@ -294,7 +295,7 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
 
 @pytest.mark.parametrize("stem", ["qwen3-0.6b_h200_tp1_bs256", "qwen3-8b_h200_tp1_bs16"])
 def test_the_block_256_and_8b_async_profiles_refit_and_are_picked(tmp_path, stem) -> None:
-    """Block 256 and Qwen3-8B, calibrated with async scheduling on 2026-11-30: each refits from its
+    """Block 256 and Qwen3-8B, calibrated with async scheduling on 2026-12-02: each refits from its
     shipped records (to 1e-9: `_same_fit`), sync terms included, and is the one `default_profile` picks for
     async scheduling."""
     from simulator.cli import main
@@ -313,7 +314,7 @@ def test_the_block_256_and_8b_async_profiles_refit_and_are_picked(tmp_path, stem
     model, block = stem.split("_h200_tp1_bs")
     assert default_profile(model, "H200", int(block), 1, async_scheduling=True) == shipped
     sync, sync_per_row = original.to_latency_model().sync_coefficients
-    assert 3e-4 < sync < 4.5e-4 and 2e-6 < sync_per_row < 1.5e-5  # 0.36 + 3.1 us; 0.40 + 11.9 us
+    assert 4e-4 < sync < 9.5e-4 and 6e-6 < sync_per_row < 1.5e-5  # 0.42 ms + 6.0 us; 0.89 ms + 14.7 us
 
 
 def test_kvplan_fit_can_infer_overlapped_steps_of_older_async_records(tmp_path, capsys) -> None:
@@ -372,30 +373,30 @@ def test_parse_split_kv_forms() -> None:
     "stem, expected",
     [
         (
-            "qwen3-0.6b_h200_tp1_bs16_async",
+            "qwen3-0.6b_h200_tp1_bs16_async_2026-12-02",
             (0.0011207381980545088, 0.02367734351165822, 0.03011405001545151, 5.229427305949624),
         ),
         (
-            "qwen3-8b_h200_tp1_bs16_async",
+            "qwen3-8b_h200_tp1_bs16_async_2026-11-30",
             (0.0051266073565316836, 0.032805119914945474, 0.040058893354079854, 7.508747964776984),
         ),
     ],
 )
 def test_async_profiles_without_the_table_term_predict_as_before_it(stem, expected) -> None:
-    """A shipped profile fitted before TABLE_FEATURES (no coefficient for it) predicts the floats it
-    predicted then: steps not scheduled ahead (three steps, a 300-step run's end) and, unchanged,
+    """A profile fitted before TABLE_FEATURES (no coefficient for it; the two shipped until the
+    recalibration of 2026-12-02) predicts the floats it predicted then: steps not scheduled ahead (three steps, a 300-step run's end) and, unchanged,
     mixed steps (the prefill fit has no table term)."""
     from simulator.defaults import SHIPPED_PROFILE_DIR
     from simulator.latency.base import StepShape
 
-    model = LatencyProfile.load(SHIPPED_PROFILE_DIR / f"{stem}.json").to_latency_model()
+    model = LatencyProfile.load(SHIPPED_PROFILE_DIR / "superseded" / f"{stem}.json").to_latency_model()
     assert model.table_coefficient == 0.0 and len(model.decode.features) == 9
     shapes = ((1, 100, 101), (64, 700_000, 32_000), (128, 1_000_000, 24_000))
     got = [model.decode_step_time(*s) for s in shapes]
     got.append(model.decode_step_times(64, 500_000, 20_000, 300, 0.0, 1e9)[-1])
     assert tuple(got) == expected
     mixed = {
-        "qwen3-0.6b_h200_tp1_bs16_async": 0.022204064086601208,
-        "qwen3-8b_h200_tp1_bs16_async": 0.06547575267047855,
+        "qwen3-0.6b_h200_tp1_bs16_async_2026-12-02": 0.022204064086601208,
+        "qwen3-8b_h200_tp1_bs16_async_2026-11-30": 0.06547575267047855,
     }
     assert model.predict(StepShape("mixed", 40, 2, 2048, 2010, 300_000, 32_000, 4e6)).total == mixed[stem]

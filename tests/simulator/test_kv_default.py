@@ -81,9 +81,9 @@ def test_kv_blocks_per_replica_takes_the_given_memory_and_the_config_count(qwen0
 @pytest.mark.parametrize(
     ("profile", "blocks", "calibrated"),
     [
-        ("qwen3-0.6b_h200_tp1_bs16.json", 72_145, 8192),
-        ("qwen3-0.6b_h200_tp1_bs256.json", 4_509, 512),
-        ("qwen3-8b_h200_tp1_bs16.json", 48_821, 8192),  # leaves num_kv_blocks unset, extra records it
+        ("qwen3-0.6b_h200_tp1_bs16.json", 72_145, 71_457),
+        ("qwen3-0.6b_h200_tp1_bs256.json", 4_509, 4_466),
+        ("qwen3-8b_h200_tp1_bs16.json", 48_821, 48_691),
     ],
 )
 def test_a_profiles_calibration_cache_is_recorded_not_used(profile, blocks, calibrated):
@@ -115,7 +115,7 @@ def test_simulate_header_names_the_cache_source_and_the_latency_model(capsys):
     )
     assert (
         lines[2]
-        == "latency: fitted profile qwen3-0.6b_h200_tp1_bs16.json (calibrated on a cache of 8,192 KV blocks)"
+        == "latency: fitted profile qwen3-0.6b_h200_tp1_bs16.json (calibrated on a cache of 71,457 KV blocks)"
     )
     assert (
         main(["simulate", "--limit", "5", "--quiet", "--num-kv-blocks", "8192", "--profile", "roofline"]) == 0
