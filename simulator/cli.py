@@ -321,6 +321,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         split_kv=like.split_kv if args.split_kv == "like" else parse_split_kv(args.split_kv),
         floors=not args.no_floors,
         host_table=not args.no_host_table,
+        prefix_hits=args.prefix_hit_term,
         extra=extra,
     )
     profile.save(args.out)
@@ -440,6 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="records of async scheduling: leave out the decode fit's sync_x_table_entries (the host "
         "time of a step not scheduled ahead that grows with its block table's entries, num_seqs x "
         "blocks of the longest sequence; fitted by default), as profiles fitted before it",
+    )
+    fit.add_argument(
+        "--prefix-hit-term",
+        action="store_true",
+        help="add total_num_cached_tokens to the prefill/mixed fit: the host's time of a step's "
+        "prefix-cache hits (benchmarks/prefill_fit.py scores it on held-back steps)",
     )
     fit.add_argument(
         "--infer-overlapped",

@@ -59,7 +59,11 @@ PREFILL_FEATURES = (
 )
 # Which StepTime part each feature's contribution is reported under (communication is folded in).
 DECODE_PARTS = ("overhead", "linear", "attention", "attention", "attention", "attention")
-PREFILL_PARTS = ("overhead", "linear", "attention", "attention", "overhead", "overhead")
+PREFILL_PARTS = ("overhead", "linear", "attention", "attention", "overhead", "overhead", "overhead")
+# The host's time of a prefill or mixed step that grows with its prefix-cache hits (the engine matches
+# a hit prompt's blocks by hash on the host): c x total_num_cached_tokens, fitted where asked.
+PREFIX_FEATURES = ("total_num_cached_tokens",)
+PREFIX_PREFILL_FEATURES = PREFILL_FEATURES + PREFIX_FEATURES
 
 RECORD_COLUMNS = STEP_RECORD_COLUMNS
 _REQUIRED = (
@@ -72,6 +76,9 @@ _REQUIRED = (
     "prefill_attn_work",
 )
 TARGETS = ("auto", "gpu_time_s", "wall_time_s")
+# A prefill/mixed step the host queued without waiting for: its GPU time passed its wall time by more
+# than this share of the wall time and this many seconds (a chunk that samples nothing).
+_QUEUED_SHARE, _QUEUED_MIN_S = 0.5, 1e-3
 # A numpy pass of a balanced model's decode run fills its longest-split coefficients stretch by
 # stretch (the steps over which the split count holds) up to this many stretches, else per step.
 _MAX_STRETCHES = 32
@@ -347,9 +354,10 @@ class FittedModel(LatencyModelBase):
                 f"decode fit features {list(decode.features)} != expected {list(DECODE_FEATURES)}"
                 f" (or those and {list(SYNC_FEATURES)}, or those and {list(TABLE_FEATURES)})"
             )
-        if tuple(prefill.features) != PREFILL_FEATURES:
+        if tuple(prefill.features) not in (PREFILL_FEATURES, PREFIX_PREFILL_FEATURES):
             raise ValueError(
                 f"prefill fit features {list(prefill.features)} != expected {list(PREFILL_FEATURES)}"
+                f" (or those and {list(PREFIX_FEATURES)})"
             )
         if max_graph_batch_size < 0:
             raise ValueError(f"max_graph_batch_size: must be >= 0, got {max_graph_batch_size}")
@@ -389,6 +397,7 @@ class FittedModel(LatencyModelBase):
         self._bs = block_size or 1
         self._overlapped_model: FittedModel | None = None
         self._p = tuple(float(c) for c in prefill.coefficients)
+        self._prefix = self._p[6] if len(self._p) > 6 else 0.0  # a second a cached token (0: none)
         # padded batch -> (c0 + c6 [b > 1] + c1 * b, c3 + c4 * b + c5 / splits)
         self._decode_coefs: dict[int, tuple[float, float]] = {}
         # balanced split-KV: the longest sequence's splits depend on the step's keys, not just b
@@ -602,6 +611,8 @@ class FittedModel(LatencyModelBase):
         linear = p[1] * batch.total_num_scheduled_tokens
         attention = p[2] * batch.prefill_attn_work + p[3] * batch.num_context_tokens
         overhead = p[0] + p[4] * batch.num_seqs + p[5] * batch.num_decode_seqs
+        if self._prefix:
+            overhead += self._prefix * batch.total_num_cached_tokens
         total = linear + attention + overhead
         floor = self._mixed_floor if batch.kind == "mixed" else self._prefill_floor
         if total < floor:  # host-bound: the time below the floor is host overhead
@@ -727,6 +738,34 @@ def _single_value(frame: pd.DataFrame, column: str) -> int | None:
     return int(values[0]) if len(values) else None
 
 
+def attributed_times(frame: pd.DataFrame) -> np.ndarray:
+    """Each step's wall time, with the GPU work the host queued without waiting counted where it was
+    queued: a prefill or mixed step whose GPU time passed its wall time (a chunk that samples
+    nothing, `_QUEUED_SHARE`) is charged its GPU time, and the steps after it that waited for that
+    work (their wall time beyond their own GPU time) that much less. The total is the wall time's.
+    `frame`: step records in step order (its `step` column, where it has one, increasing)."""
+    for column in ("wall_time_s", "gpu_time_s"):
+        if column not in frame.columns:
+            raise ValueError(f"step records: attributed times need {column}")
+    if "step" in frame.columns and not (np.diff(frame["step"].to_numpy()) > 0).all():
+        raise ValueError("step records: attributed times need the records in step order (`step` increasing)")
+    wall = frame["wall_time_s"].to_numpy(dtype=np.float64)
+    gpu = frame["gpu_time_s"].to_numpy(dtype=np.float64)
+    queued = (frame["kind"].to_numpy() != "decode") & (
+        gpu - wall > np.maximum(_QUEUED_MIN_S, _QUEUED_SHARE * wall)
+    )
+    out, debt = wall.copy(), 0.0
+    for i in range(len(wall)):
+        if queued[i]:
+            out[i] = gpu[i]
+            debt += gpu[i] - wall[i]
+        elif debt > 0.0:
+            paid = min(debt, max(wall[i] - gpu[i], 0.0))
+            out[i] = wall[i] - paid
+            debt -= paid
+    return out
+
+
 def _choose_target(frame: pd.DataFrame, target: str) -> str:
     if target not in TARGETS:
         raise ValueError(f"target: {target!r} is not one of {list(TARGETS)}")
@@ -799,10 +838,11 @@ def infer_overlapped(frame: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def prefill_features(frame: pd.DataFrame) -> np.ndarray:
-    """Design matrix of prefill/mixed records (columns as PREFILL_FEATURES)."""
+def prefill_features(frame: pd.DataFrame, features: tuple[str, ...] = PREFILL_FEATURES) -> np.ndarray:
+    """Design matrix of prefill/mixed records (columns as `features`: PREFILL_FEATURES, or
+    PREFIX_PREFILL_FEATURES)."""
     return np.column_stack(
-        [np.ones(len(frame))] + [frame[c].to_numpy(dtype=np.float64) for c in PREFILL_FEATURES[1:]]
+        [np.ones(len(frame))] + [frame[c].to_numpy(dtype=np.float64) for c in features[1:]]
     )
 
 
@@ -1016,6 +1056,7 @@ def fit_step_records(
     split_kv: SplitKV | None = None,
     floors: bool = True,
     host_table: bool = True,
+    prefix_hits: bool = False,
 ) -> FittedModel:
     """Fit a `FittedModel` on step records (a DataFrame with CONTRACT.md's step-record columns).
 
@@ -1030,6 +1071,7 @@ def fit_step_records(
     and, where the records give the block size and `host_table` is set, TABLE_FEATURES to the
     decode fit (`host_table` False: the fit of before TABLE_FEATURES, e.g. to refit a profile made
     then).
+    `prefix_hits`: add PREFIX_FEATURES to the prefill/mixed fit (the host's time of prefix-cache hits).
     `floors`: then fit a host floor per step kind (`fit_floor`, same loss, same training steps, the
     linear coefficients held as fitted); the held-back error is that of max(floor, linear).
     """
@@ -1093,9 +1135,12 @@ def fit_step_records(
             )
             x_dec, features = np.column_stack([x_dec, sync[:, 0] * entries]), TABLE_DECODE_FEATURES
     decode_fit = _fit_kind(x_dec, y[is_decode], features, seed, holdout_fraction, "decode", loss)
-    x_pre = prefill_features(pre)
+    prefill_names = PREFIX_PREFILL_FEATURES if prefix_hits else PREFILL_FEATURES
+    if prefix_hits and PREFIX_FEATURES[0] not in pre.columns:
+        raise ValueError(f"step records: the prefix-hit term needs the {PREFIX_FEATURES[0]} column")
+    x_pre = prefill_features(pre, prefill_names)
     prefill_fit = _fit_kind(
-        x_pre, y[~is_decode], PREFILL_FEATURES, seed, holdout_fraction, "prefill/mixed", loss
+        x_pre, y[~is_decode], prefill_names, seed, holdout_fraction, "prefill/mixed", loss
     )
     step_floors = None
     if floors:

@@ -305,6 +305,7 @@ def fit_profile(
     split_kv: SplitKV | None = None,
     floors: bool = True,
     host_table: bool = True,
+    prefix_hits: bool = False,
 ) -> LatencyProfile:
     """Calibrate: fit step records (`fit_step_records`) and wrap the fit as a profile."""
     fitted = fit_step_records(
@@ -312,6 +313,7 @@ def fit_profile(
         split_kv=split_kv,
         floors=floors,
         host_table=host_table,
+        prefix_hits=prefix_hits,
         max_num_seqs=max_num_seqs,
         max_graph_batch_size=max_graph_batch_size,
         target=target,
@@ -428,6 +430,11 @@ def profile_report(profile) -> str:
     if table is not None:
         lines.append(
             f"  host table term: {table * 1e9:.1f} ns a block-table entry (decode steps not scheduled ahead)"
+        )
+    prefix = dict(zip(profile.prefill.features, profile.prefill.coefficients)).get("total_num_cached_tokens")
+    if prefix is not None:
+        lines.append(
+            f"  prefix-hit term: {prefix * 1e9:.1f} ns a cached prompt token (prefill and mixed steps)"
         )
     floors = getattr(profile, "floors", None)
     if floors is not None:

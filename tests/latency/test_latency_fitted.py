@@ -509,3 +509,88 @@ def test_the_block_table_term_exact_values() -> None:
     assert times == accumulate_decode_times(new.decode_step_time, 5, 1000, 33, 400, 0.0, 1e9)
     with pytest.raises(ValueError, match="block_size"):
         FittedModel(LinearFit(TABLE_DECODE_FEATURES, (*coefs, 1e-6)), pre, 256)
+
+
+def _with_prefix_hits(records: pd.DataFrame, per_token: float) -> pd.DataFrame:
+    """The synthetic records with prefix hits on some prefill/mixed steps, each costing `per_token`
+    a cached token more (wall and GPU time alike)."""
+    out = records.copy()
+    rows = np.flatnonzero((out["kind"] != "decode").to_numpy() & ~out["compiled"].to_numpy())
+    cached = np.zeros(len(out), np.int64)
+    cached[rows] = (np.arange(len(rows)) % 5) * 4096  # 0, 4k, ..., 16k hit tokens
+    out["total_num_cached_tokens"] = cached
+    for column in ("gpu_time_s", "wall_time_s"):
+        out[column] = out[column] + per_token * cached
+    return out
+
+
+def test_prefix_hit_term_is_recovered_and_priced(make_records, truth) -> None:
+    from simulator.latency.base import StepShape
+    from simulator.latency.fitted import PREFIX_PREFILL_FEATURES
+
+    records = _with_prefix_hits(make_records(noise=0.0), 1.25e-7)
+    fit = fit_step_records(records, max_num_seqs=truth.gmax, split_kv=truth.split_kv, prefix_hits=True)
+    assert fit.prefill.features == PREFIX_PREFILL_FEATURES
+    np.testing.assert_allclose(fit.prefill.coefficients, (*truth.prefill, 1.25e-7), rtol=1e-6)
+    shape = StepShape("prefill", 2, 2, 600, 600, 0, 500, 90_000.0, total_num_cached_tokens=8192)
+    hits = fit.predict(shape)
+    none = fit.predict(StepShape("prefill", 2, 2, 600, 600, 0, 500, 90_000.0))
+    assert hits.total - none.total == pytest.approx(1.25e-7 * 8192, rel=1e-6)
+    assert hits.overhead - none.overhead == pytest.approx(1.25e-7 * 8192, rel=1e-6)  # a host cost
+    plain = fit_step_records(records, max_num_seqs=truth.gmax, split_kv=truth.split_kv)
+    assert plain.prefill.features == PREFILL_FEATURES  # off unless asked
+    assert (
+        plain.predict(shape).total
+        == plain.predict(StepShape("prefill", 2, 2, 600, 600, 0, 500, 90_000.0)).total
+    )
+
+
+def test_prefix_hit_term_needs_its_column(make_records, truth) -> None:
+    records = make_records(noise=0.0).drop(columns="total_num_cached_tokens")
+    with pytest.raises(ValueError, match="prefix-hit term needs the total_num_cached_tokens column"):
+        fit_step_records(records, max_num_seqs=truth.gmax, prefix_hits=True)
+
+
+def test_kvplan_fit_prefix_hit_term_round_trips(tmp_path, make_records, truth, capsys) -> None:
+    from simulator.cli import main
+    from simulator.defaults import SHIPPED_PROFILE_DIR
+    from simulator.latency.base import StepShape
+    from simulator.latency.profile import LatencyProfile
+
+    records = tmp_path / "r.parquet"
+    _with_prefix_hits(make_records(noise=0.0), 1.25e-7).to_parquet(records, index=False)
+    like = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"
+    out = tmp_path / "p.json"
+    argv = ["fit", "--records", str(records), "--like", str(like), "--out", str(out), "--split-kv", "8:132"]
+    assert main([*argv, "--prefix-hit-term", "--loss", "absolute"]) == 0
+    assert "prefix-hit term: 125.0 ns a cached prompt token" in capsys.readouterr().out
+    profile = LatencyProfile.load(out)
+    assert profile.prefill.coefficients[-1] == pytest.approx(1.25e-7, rel=1e-6)
+    model = profile.to_latency_model()
+    shape = dict(kind="prefill", num_seqs=1, num_prefill_seqs=1, total_num_scheduled_tokens=100,
+                 num_prefill_tokens=100, num_context_tokens=0, max_seq_len=100, prefill_attn_work=5_000.0)  # fmt: skip
+    gap = (
+        model.predict(StepShape(**shape, total_num_cached_tokens=1000)).total
+        - model.predict(StepShape(**shape)).total
+    )
+    assert gap == pytest.approx(1.25e-4, rel=1e-6)
+
+
+def test_attributed_times_move_queued_gpu_work_to_the_chunk_that_queued_it() -> None:
+    from simulator.latency.fitted import attributed_times
+
+    steps = pd.DataFrame(
+        {
+            "step": [0, 1, 2, 3, 4],
+            "kind": ["decode", "prefill", "prefill", "prefill", "decode"],
+            "wall_time_s": [0.002, 0.006, 0.005, 0.120, 0.003],
+            "gpu_time_s": [0.0018, 0.030, 0.050, 0.040, 0.0028],
+        }
+    )
+    got = attributed_times(steps)
+    # chunks 1 and 2 queued (GPU time far past wall time): charged their GPU time; step 3 waited for
+    # their 0.069 s and pays it out of its 0.080 s beyond its own GPU time; the total is kept
+    np.testing.assert_allclose(got, [0.002, 0.030, 0.050, 0.051, 0.003], rtol=1e-12)
+    assert got.sum() == pytest.approx(steps["wall_time_s"].sum(), rel=1e-12)
+    with pytest.raises(ValueError, match="step order"):
+        attributed_times(steps.iloc[::-1])
