@@ -4,6 +4,7 @@ Ctrl-C ends the points in flight at once instead of waiting for them."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Two points of the whole shipped trace replayed 30x faster: each simulation runs for seconds.
+# Twelve distinct points (block sizes) of the whole shipped trace replayed 30x faster on two workers:
+# a second or more each, so the pool is still simulating well after the pids are printed.
 SCRIPT = textwrap.dedent(
     """
     import sys, threading, time
@@ -24,17 +26,21 @@ SCRIPT = textwrap.dedent(
 
     trace = traces.scale_rate(traces.load_shipped("azure_conv_2023"), factor=30.0)
     ctx = RunContext(trace, "qwen3-0.6b", "roofline", None, "t")
-    points = [{"max_num_seqs": 1024}, {"max_num_seqs": 1024, "block_size": 32}]
+    points = [{"max_num_seqs": 1024, "block_size": b} for b in (8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)]
     mode = sys.argv[1]
     runner = PointRunner(ctx, workers=2)
+
+    def report():
+        while runner._pool is None or len(runner._pool._processes) < 2:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the workers are simulating
+        print("pids", *runner._pool._processes, flush=True)
+
     if mode == "kill":
         threading.Thread(target=lambda: list(runner.map_unordered(points)), daemon=True).start()
+        report()
+        time.sleep(600)
     else:
-        def report():
-            while runner._pool is None or len(runner._pool._processes) < 2:
-                time.sleep(0.05)
-            time.sleep(3.0)  # the workers are simulating
-            print("pids", *runner._pool._processes, flush=True)
         threading.Thread(target=report, daemon=True).start()
         try:
             with runner:
@@ -42,11 +48,7 @@ SCRIPT = textwrap.dedent(
         except KeyboardInterrupt:
             print("interrupted", time.monotonic(), flush=True)
             sys.exit(130)
-    while runner._pool is None or len(runner._pool._processes) < 2:
-        time.sleep(0.05)
-    time.sleep(3.0)
-    print("pids", *runner._pool._processes, flush=True)
-    time.sleep(600)
+        print("finished before the interrupt", flush=True)
     """
 )
 
@@ -65,6 +67,10 @@ def _start(mode: str) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen(
         [sys.executable, "-c", SCRIPT, mode], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
     )
+    ready, _, _ = select.select([proc.stdout], [], [], 120.0)  # never wait for ever
+    if not ready:
+        proc.kill()
+        pytest.fail("the sweep script printed no pids within 120 s")
     line = proc.stdout.readline().split()
     assert line and line[0] == "pids", line
     pids = [int(x) for x in line[1:]]
