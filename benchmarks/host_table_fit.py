@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from simulator.latency import fitted as F  # noqa: E402
-from simulator.latency.profile import LatencyProfile, fit_profile  # noqa: E402
+from simulator.latency.profile import LatencyProfile, refit_like  # noqa: E402
 
 PROFILES = ROOT / "simulator" / "profiles"
 SEED, HOLDOUT = 0, 0.25
@@ -51,18 +51,8 @@ def _fmt(e: tuple[float, float]) -> str:
 
 
 def _refit(records: pd.DataFrame, like: LatencyProfile, host_table: bool) -> LatencyProfile:
-    return fit_profile(
-        records,
-        model=like.model_spec(),
-        gpu=like.gpu,
-        max_num_seqs=like.max_num_seqs,
-        max_num_batched_tokens=like.max_num_batched_tokens,
-        tp=like.tp,
-        block_size=like.block_size,
-        target="wall_time_s",
-        loss="median",
-        split_kv=like.split_kv,
-        host_table=host_table,
+    return refit_like(
+        records, like, target="wall_time_s", loss="median", split_kv=like.split_kv, host_table=host_table
     )
 
 

@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 from simulator.latency import fitted as F  # noqa: E402
 from simulator.latency.base import StepShape  # noqa: E402
-from simulator.latency.profile import LatencyProfile, fit_profile  # noqa: E402
+from simulator.latency.profile import LatencyProfile, refit_like  # noqa: E402
 
 PROFILES = ROOT / "simulator" / "profiles"
 SEED, HOLDOUT = 0, 0.25
@@ -47,14 +47,9 @@ def _err(predicted: np.ndarray, measured: np.ndarray) -> str:
 
 def _refit(records: pd.DataFrame, like: LatencyProfile, prefix_hits: bool) -> LatencyProfile:
     has_table = F.TABLE_FEATURES[0] in like.decode.features
-    return fit_profile(
+    return refit_like(
         records,
-        model=like.model_spec(),
-        gpu=like.gpu,
-        max_num_seqs=like.max_num_seqs,
-        max_num_batched_tokens=like.max_num_batched_tokens,
-        tp=like.tp,
-        block_size=like.block_size,
+        like,
         target="wall_time_s",
         loss="median",
         split_kv=like.split_kv,

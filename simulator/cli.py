@@ -293,7 +293,7 @@ def parse_split_kv(text: str):
 def cmd_fit(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from simulator.latency.profile import LatencyProfile, check_profile_file, fit_profile, profile_report
+    from simulator.latency.profile import LatencyProfile, check_profile_file, profile_report, refit_like
 
     records = pd.read_parquet(args.records)
     like = LatencyProfile.load(check_profile_file(args.like, "--like"))
@@ -305,17 +305,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
             raise ValueError(f"--infer-overlapped: {args.records} already has an overlapped column")
         records = records.assign(overlapped=infer_overlapped(records))
         extra["overlapped"] = "inferred (kvplan fit --infer-overlapped)"
-    profile = fit_profile(
+    profile = refit_like(
         records,
-        model=like.model_spec(),
-        gpu=like.gpu,
-        max_num_seqs=like.max_num_seqs,
-        max_num_batched_tokens=like.max_num_batched_tokens,
-        tp=like.tp,
-        block_size=like.block_size,
-        attention_backend=like.attention_backend,
-        engine_version=like.engine_version,
-        num_kv_blocks=like.num_kv_blocks,
+        like,
         target=args.target,
         loss=args.loss,
         split_kv=like.split_kv if args.split_kv == "like" else parse_split_kv(args.split_kv),

@@ -345,6 +345,24 @@ def fit_profile(
     )
 
 
+def refit_like(records: pd.DataFrame, like: LatencyProfile, **options: Any) -> LatencyProfile:
+    """`fit_profile` of `records` with `like`'s model, GPU, TP, block size, limits and engine labels
+    (`kvplan fit --like`); `options`: the fit's own (target, loss, split_kv, floors, extra, ...)."""
+    return fit_profile(
+        records,
+        model=like.model_spec(),
+        gpu=like.gpu,
+        max_num_seqs=like.max_num_seqs,
+        max_num_batched_tokens=like.max_num_batched_tokens,
+        tp=like.tp,
+        block_size=like.block_size,
+        attention_backend=like.attention_backend,
+        engine_version=like.engine_version,
+        num_kv_blocks=like.num_kv_blocks,
+        **options,
+    )
+
+
 def load_latency_model(
     profile_path: str | Path | None,
     model: ModelSpec,
