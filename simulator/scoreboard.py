@@ -121,7 +121,7 @@ def engine_key(run_dir: Path) -> tuple:
     """What a replay's capacity depends on besides its traffic: model, GPU, TP, scheduling and KV cache
     (its run.json). Only replays of one key bracket a knee."""
     meta = json.loads((run_dir / "run.json").read_text())
-    return tuple(str(meta.get(k)) for k in _ENGINE_KEY)
+    return (meta["model"]["name"], *(str(meta.get(k)) for k in _ENGINE_KEY))
 
 
 _ENGINE_KEY = (
@@ -141,8 +141,8 @@ def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | Non
         base_replay = next((r for r in mine if r.run == base), None)
         if base_replay is None:
             raise ValueError(f"{suite.path}: family {family}: base {base.name!r} is not one of its replays")
-        key = (_model_name(base), engine_key(base))
-        mine = [r for r in mine if (_model_name(r.run), engine_key(r.run)) == key]
+        key = engine_key(base)
+        mine = [r for r in mine if engine_key(r.run) == key]
         knee = simulated_knee(
             base_replay.run, base_replay.rate_scale, profiles[base_replay.run.name], suite.slo
         )
@@ -160,10 +160,6 @@ def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | Non
             }
         )
     return pd.DataFrame(out)
-
-
-def _model_name(run_dir: Path) -> str:
-    return json.loads((run_dir / "run.json").read_text())["model"]["name"]
 
 
 def run_suite(suite: Suite, profile_for, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
