@@ -28,7 +28,7 @@ from engine.checkpoint import make_random_checkpoint
 from engine.launch import PRESET_ARCH
 from engine.llm import LLM
 from engine.profiling import SweepLimits, envelope
-from engine.replay import gpu_name, replay_trace, write_replay
+from engine.replay import gpu_name, replay_fresh
 from simulator.calibration import (
     estimator_profile,
     fit_llm_profile,
@@ -243,13 +243,10 @@ def calibrate(
 
 def serve_replay(args, llm: LLM, gpu: str, block_size: int, name: str, window: str, scale: float, out: Path):
     """Replay one window of the trace in real time from a cold prefix cache; write its folder. A row."""
-    llm.recorder.reset()
-    llm.block_manager.reset_prefix_cache()  # the simulated twin starts with an empty cache
     trace = load_trace_arg(args.trace, scale, None, window)
     t0 = time.perf_counter()
-    requests = replay_trace(llm, trace, progress=False, max_wall_s=200)
     extra = {"source": args.trace, "window": window, "rate_scale": scale, "gpu": gpu}
-    write_replay(llm, trace, requests, out / f"replay_{name}_bs{block_size}", extra)
+    requests = replay_fresh(llm, trace, out / f"replay_{name}_bs{block_size}", extra, max_wall_s=200)
     done = requests["finish_reason"].isin(["length", "max_model_len"]).sum()
     return (
         f"bs{block_size}: replay {name} ({window} x{scale})",

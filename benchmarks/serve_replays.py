@@ -61,19 +61,16 @@ def check_run(name: str, trace: str, window: str, scale: str) -> tuple[str, str,
 
 def serve(llm, gpu: str, run: tuple[str, str, str | None, float], out: Path, max_wall: float) -> str:
     """Replay one run from an empty prefix cache and write its folder; a one-line summary."""
-    from engine.replay import replay_trace, write_replay
+    from engine.replay import replay_fresh
     from traces.cli import load_trace_arg
 
     name, trace_arg, window, scale = run
     trace = load_trace_arg(trace_arg, scale, None, window)
-    llm.recorder.reset()
-    llm.block_manager.reset_prefix_cache()  # as the simulated twin starts
     t0 = time.perf_counter()
-    requests = replay_trace(llm, trace, progress=False, max_wall_s=max_wall)
     extra = {"rate_scale": scale, "limit": None, "window": window, "source": trace_arg, "gpu": gpu}
-    folder = write_replay(llm, trace, requests, out / name, extra)
+    requests = replay_fresh(llm, trace, out / name, extra, max_wall)
     preempted = int(requests["num_preemptions"].sum())
-    return f"{name}: {len(requests)} requests in {time.perf_counter() - t0:.1f} s, {preempted} preemptions -> {folder}"
+    return f"{name}: {len(requests)} requests in {time.perf_counter() - t0:.1f} s, {preempted} preemptions -> {out / name}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,6 +64,18 @@ def replay_trace(llm, trace, progress: bool = True, max_wall_s: float | None = N
     return pd.DataFrame.from_records(records, columns=list(REQUEST_FIELDS)).sort_values("request_id")
 
 
+def replay_fresh(
+    llm, trace, out_dir: str | Path, extra: dict, max_wall_s: float | None = None
+) -> pd.DataFrame:
+    """Serve `trace` on an `llm` that served others before, from an empty prefix cache and step
+    recorder (as its simulated twin starts), and write its replay folder; its per-request frame."""
+    llm.recorder.reset()
+    llm.block_manager.reset_prefix_cache()
+    requests = replay_trace(llm, trace, progress=False, max_wall_s=max_wall_s)
+    write_replay(llm, trace, requests, out_dir, extra)
+    return requests
+
+
 def gpu_name(device_name: str) -> str:
     """'NVIDIA H200' -> 'H200' (the name the GPU spec table knows)."""
     for known in ("H200", "H100", "A100", "B200", "L40S"):

@@ -379,6 +379,7 @@ class Replica:
         num_kv_blocks: int,
         latency: LatencyModel,
         arrival: NextArrival,
+        copy_prompts: bool = True,
     ) -> None:
         self.env = env
         self.index = index
@@ -419,7 +420,7 @@ class Replica:
         self._params: dict[int, SamplingParams] = {}
         # False where each submitted prompt is a list of its own, used nowhere after: the request's
         # Sequence takes it as its token list instead of a copy
-        self.copy_prompts = True
+        self.copy_prompts = copy_prompts
         self.process = env.process(self.run())
 
     def _now(self) -> float:
@@ -775,9 +776,11 @@ def simulate(
     if prompts is not None and len(prompts) != len(arrivals):
         raise ValueError(f"prompts: {len(prompts)} given for a trace of {len(arrivals)} requests")
     arrival = NextArrival(arrivals[0] if arrivals else math.inf)
-    replicas = [Replica(env, i, config, num_kv_blocks, latency, arrival) for i in range(config.num_replicas)]
-    for replica in replicas:  # prompts built here, one list a request; given ones serve other runs
-        replica.copy_prompts = prompts is not None
+    # prompts built here are one list a request; given ones serve other runs, so they are copied
+    replicas = [
+        Replica(env, i, config, num_kv_blocks, latency, arrival, copy_prompts=prompts is not None)
+        for i in range(config.num_replicas)
+    ]
     if record_batches:
         for replica in replicas:
             replica.batch_log, replica.overlap_log = [], []
