@@ -1,7 +1,9 @@
 """The fidelity scoreboard: every replay of a suite re-simulated on the shipped profile of its engine.
 
 A suite (JSON, `simulator/data/validation/suite.json`) lists replay folders by trace family, each
-declared held-out or not before a profile it validates is fitted. Per replay: the targets met, the
+declared held-out or not before a profile it validates is fitted; a held-out replay whose results were
+first seen (its `seen` time) before a profile was fitted is not held out for that profile, which may have
+been designed with them in view. Per replay: the targets met, the
 signed error of E2E, TTFT and TPOT at mean, p90 and p99 and their mean absolute error, and the real
 engine's own spread where a repeat exists. Per family: the highest rate whose TTFT p99 meets the
 suite's SLO, simulated, against the real replays on either side of it.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,7 @@ class SuiteReplay:
     load: str
     held_out: bool
     repeat: Path | None = None
+    seen: datetime | None = None  # when its results were first compared with a simulation
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ def load_suite(path: str | Path) -> Suite:
                 r["load"],
                 bool(r["held_out"]),
                 root / r["repeat"] if r.get("repeat") else None,
+                datetime.fromisoformat(r["seen"]) if r.get("seen") else None,
             )
             for r in raw["replays"]
         )
@@ -67,6 +72,16 @@ def load_suite(path: str | Path) -> Suite:
     return suite
 
 
+def held_out_for(replay: SuiteReplay, profile: Path | None) -> bool:
+    """Whether `replay` is held out for `profile`: declared so, and not seen before the profile was
+    fitted (its `created` time; a profile without one is not held out from it; the roofline, fitted
+    on nothing, always is)."""
+    if not replay.held_out or replay.seen is None or profile is None:
+        return replay.held_out
+    created = json.loads(Path(profile).read_text()).get("created")
+    return created is not None and datetime.fromisoformat(created) < replay.seen
+
+
 def score_replay(replay: SuiteReplay, profile: Path | None) -> dict:
     """One replay's row: targets met, signed errors of `SCORED`, their mean absolute error, and the
     largest real run-to-run difference of the targeted metrics where a repeat exists."""
@@ -77,7 +92,7 @@ def score_replay(replay: SuiteReplay, profile: Path | None) -> dict:
         "family": replay.family,
         "run": replay.run.name,
         "load": replay.load,
-        "held_out": replay.held_out,
+        "held_out": held_out_for(replay, profile),
         "targets_met": int(table.loc[list(TARGETS), "ok"].astype(bool).sum()),
         **{m: float(err.get(m, np.nan)) for m in SCORED},
     }

@@ -12,7 +12,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.defaults import SHIPPED_PROFILE_DIR
-from simulator.scoreboard import SCORED, format_scoreboard, load_suite, run_suite
+from simulator.scoreboard import SCORED, format_scoreboard, held_out_for, load_suite, run_suite
 from simulator.validate import TARGETS, validate_run
 
 VALIDATION = SHIPPED_PROFILE_DIR.parent / "data" / "validation"
@@ -126,3 +126,27 @@ def test_pinned_shipped_suite_scoreboard():
         "azure_conv_2023": False,
     }
     assert knees.loc["azure_conv_2023", "real_passes_at"] == 9.3
+
+
+def test_a_replay_seen_before_a_profile_was_fitted_is_not_held_out_for_it(tmp_path):
+    # the shipped block-16 async profile was fitted at 2026-12-02T07:09:31+00:00
+    created = json.loads(PROFILE.read_text())["created"]
+    assert created == "2026-12-02T07:09:31+00:00"
+    base = _replay("h200_qwen3-0.6b_bs16_async_azure-conv_x8.5", 8.5, True)
+    cases = [
+        ({**base, "seen": "2026-12-02T07:09:32+00:00"}, True),  # seen after the fit
+        ({**base, "seen": "2026-12-02T07:09:31+00:00"}, False),  # seen as it was fitted
+        ({**base, "seen": "2026-12-02T06:00:00+00:00"}, False),
+        ({**base, "held_out": False, "seen": "2026-12-02T08:00:00+00:00"}, False),
+        (base, True),  # no seen time: as declared
+    ]
+    for entry, held in cases:
+        (replay,) = load_suite(_suite(tmp_path, [entry])).replays
+        assert held_out_for(replay, PROFILE) is held
+        assert held_out_for(replay, None) is entry["held_out"]  # the roofline is fitted on nothing
+    undated = tmp_path / "undated.json"
+    undated.write_text(
+        json.dumps({k: v for k, v in json.loads(PROFILE.read_text()).items() if k != "created"})
+    )
+    (replay,) = load_suite(_suite(tmp_path, [{**base, "seen": "2026-12-02T08:00:00+00:00"}])).replays
+    assert held_out_for(replay, undated) is False
