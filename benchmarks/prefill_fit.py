@@ -4,7 +4,7 @@ step's prefix-cache hits), on the profiling sweeps' step records (simulator/prof
 a replay).
 
 Each records file is refitted as `kvplan fit --records R --like P` refits it (P its shipped profile:
-loss median, wall_time_s, its split rule, host floors and table term), once in the shipped form and
+loss median, wall_time_s, its split rule, host floors and table term), once without the term and
 once with the term, on the same 25 % of each kind's steps held back. Printed per fit: the held-back
 prefill+mixed steps' median / p90 relative error against wall time and against attributed time
 (`simulator.latency.fitted.attributed_times`), the same for the steps the host queued without
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             wall, attributed = held["wall_time_s"].to_numpy(), held["attributed_s"].to_numpy()
             q = held["queued"].to_numpy()
             summed = predicted.sum() / attributed.sum() - 1
-            label = "+ prefix-hit term" if prefix_hits else "shipped form"
+            label = "+ prefix-hit term" if prefix_hits else "without the term"
             print(
                 f"{path.name:<46} {label:<18} {_err(predicted, wall):>15} {_err(predicted, attributed):>15} "
                 f"{_err(predicted[q], attributed[q]):>15} ({int(q.sum()):>2})  {summed:+6.1%}  "

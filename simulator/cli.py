@@ -313,13 +313,24 @@ def cmd_fit(args: argparse.Namespace) -> int:
         split_kv=like.split_kv if args.split_kv == "like" else parse_split_kv(args.split_kv),
         floors=not args.no_floors,
         host_table=not args.no_host_table,
-        prefix_hits=args.prefix_hit_term,
+        prefix_hits=_prefix_hits(args, like),
         extra=extra,
     )
     profile.save(args.out)
     print(profile_report(profile))
     print(f"wrote {args.out}")
     return 0
+
+
+def _prefix_hits(args: argparse.Namespace, like) -> bool:
+    """Whether the refit takes the prefix-hit term: as flagged, else as the --like profile has it."""
+    from simulator.latency.fitted import PREFIX_FEATURES
+
+    if args.prefix_hit_term and args.no_prefix_hit_term:
+        raise ValueError("--prefix-hit-term and --no-prefix-hit-term: give one of them")
+    if args.prefix_hit_term or args.no_prefix_hit_term:
+        return args.prefix_hit_term
+    return PREFIX_FEATURES[0] in like.prefill.features
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -438,7 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefix-hit-term",
         action="store_true",
         help="add total_num_cached_tokens to the prefill/mixed fit: the host's time of a step's "
-        "prefix-cache hits (benchmarks/prefill_fit.py scores it on held-back steps)",
+        "prefix-cache hits (benchmarks/prefill_fit.py scores it on held-back steps); default: as "
+        "--like's profile has it",
+    )
+    fit.add_argument(
+        "--no-prefix-hit-term",
+        action="store_true",
+        help="leave the prefix-hit term out even where --like's profile has it",
     )
     fit.add_argument(
         "--infer-overlapped",

@@ -38,7 +38,9 @@ def h200_plan():
 
 def test_estimate_prices_each_phase_on_a_shipped_profile(h200_plan):
     _, steps = h200_plan
-    model = LatencyProfile.load(SHIPPED / "qwen3-0.6b_h200_tp1_bs16_async.json").to_latency_model()
+    # a fixed fit (the block-16 async profile of 2026-12-02 07:09, before the prefix-hit term)
+    model = LatencyProfile.load(SHIPPED / "superseded/qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_0709.json")
+    model = model.to_latency_model()
     est = estimate_seconds(steps, model)
     assert est == pytest.approx(
         {"short": 23.4764189458, "long": 20.436913551645, "mixed_long": 2.92623074156,

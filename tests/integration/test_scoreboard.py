@@ -102,35 +102,42 @@ def test_only_replays_of_the_bases_engine_bracket_its_knee(tmp_path):
 
 def test_pinned_shipped_suite_scoreboard():
     """Pinned to the shipped replays (detects change in measured data, not correctness), each scored
-    on the shipped profile of its engine as `kvplan validate --suite` does: 20 held-out replays meet
-    79 of 140 targets; the simulated knee falls inside the real bracket for mooncake_synthetic (4.29x
-    in 4.2-4.6x), just above it for azure_code_2023 (12.1x against 10-12x), and above every real
-    azure_conv_2023 replay of its engine (10.2x; all four, to 9.3x, met the SLO)."""
+    on the shipped profile of its engine as `kvplan validate --suite` does: 18 replays held out for
+    their profiles meet 84 of 126 targets (the earlier ones were seen before the block-16 and block-256
+    Qwen3-0.6B profiles were refitted, so they count apart); the simulated azure_conv_2023 knee
+    (10.3x) falls inside its real bracket (9.3-11x); mooncake_synthetic's real knee is at 4.2x (one
+    run there met the SLO, its repeat did not) against 4.29x simulated, and azure_code_2023's 12.2x
+    is just above its bracket (10-12x)."""
     from simulator.validate import validate_profile
 
     suite = load_suite(VALIDATION / "suite.json")
     rows, families = run_suite(suite, lambda run: validate_profile("auto", run), progress=False)
     held = rows[rows["held_out"]]
-    assert (len(held), int(held["targets_met"].sum())) == (20, 79)
+    assert (len(held), int(held["targets_met"].sum())) == (18, 84)
+    assert (len(rows), int(rows["targets_met"].sum())) == (42, 181)
     knees = families.set_index("family")
     assert knees["num_bracketing"].to_dict() == {
-        "mooncake_synthetic": 5,
-        "azure_code_2023": 4,
-        "azure_conv_2023": 4,
+        "mooncake_synthetic": 7,
+        "azure_code_2023": 6,
+        "azure_conv_2023": 8,
     }
     inside = knees["real_passes_at"] <= knees["simulated_knee"]
     inside &= knees["simulated_knee"] <= knees["real_fails_at"]
     assert inside.to_dict() == {
-        "mooncake_synthetic": True,
+        "mooncake_synthetic": False,
         "azure_code_2023": False,
-        "azure_conv_2023": False,
+        "azure_conv_2023": True,
     }
-    assert knees.loc["azure_conv_2023", "real_passes_at"] == 9.3
+    assert knees[["real_passes_at", "real_fails_at"]].to_dict("index") == {
+        "mooncake_synthetic": {"real_passes_at": 4.2, "real_fails_at": 4.2},
+        "azure_code_2023": {"real_passes_at": 10.0, "real_fails_at": 12.0},
+        "azure_conv_2023": {"real_passes_at": 9.3, "real_fails_at": 11.0},
+    }
 
 
 def test_a_replay_seen_before_a_profile_was_fitted_is_not_held_out_for_it(tmp_path):
-    # the shipped block-16 async profile was fitted at 2026-12-02T07:09:31+00:00
-    created = json.loads(PROFILE.read_text())["created"]
+    profile = SHIPPED_PROFILE_DIR / "superseded" / "qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_0709.json"
+    created = json.loads(profile.read_text())["created"]
     assert created == "2026-12-02T07:09:31+00:00"
     base = _replay("h200_qwen3-0.6b_bs16_async_azure-conv_x8.5", 8.5, True)
     cases = [
@@ -142,11 +149,11 @@ def test_a_replay_seen_before_a_profile_was_fitted_is_not_held_out_for_it(tmp_pa
     ]
     for entry, held in cases:
         (replay,) = load_suite(_suite(tmp_path, [entry])).replays
-        assert held_out_for(replay, PROFILE) is held
+        assert held_out_for(replay, profile) is held
         assert held_out_for(replay, None) is entry["held_out"]  # the roofline is fitted on nothing
     undated = tmp_path / "undated.json"
     undated.write_text(
-        json.dumps({k: v for k, v in json.loads(PROFILE.read_text()).items() if k != "created"})
+        json.dumps({k: v for k, v in json.loads(profile.read_text()).items() if k != "created"})
     )
     (replay,) = load_suite(_suite(tmp_path, [{**base, "seen": "2026-12-02T08:00:00+00:00"}])).replays
     assert held_out_for(replay, undated) is False

@@ -262,12 +262,12 @@ def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
 
 def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     """The shipped block-16 `_async` profile (records of an engine scheduling asynchronously, with
-    `overlapped` steps) refits from its records (to 1e-9: `_same_fit`), sync and block-table terms
-    included, and loads into a model whose overlapped view drops them; `default_profile` picks it
+    `overlapped` steps) refits from its records (to 1e-9: `_same_fit`), sync, block-table and
+    prefix-hit terms included, and loads into a model whose overlapped view drops them; `default_profile` picks it
     for async scheduling where it exists."""
     from simulator.cli import main
     from simulator.defaults import SHIPPED_PROFILE_DIR, default_profile
-    from simulator.latency.fitted import ASYNC_DECODE_FEATURES, TABLE_FEATURES
+    from simulator.latency.fitted import ASYNC_DECODE_FEATURES, PREFIX_FEATURES, TABLE_FEATURES
 
     shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
     records = SHIPPED_PROFILE_DIR / "records" / "steps_qwen3-0.6b_h200_tp1_bs16_async.parquet"
@@ -277,6 +277,15 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     assert refit.decode.features == ASYNC_DECODE_FEATURES + TABLE_FEATURES
     assert _same_fit(refit.decode.coefficients, original.decode.coefficients)
     assert _same_floors(refit.floors, original.floors)
+    # the prefix-hit term follows --like's profile unless a flag says otherwise
+    assert refit.prefill.features[-1] == PREFIX_FEATURES[0]
+    assert _same_fit(refit.prefill.coefficients, original.prefill.coefficients)
+    plain = tmp_path / "plain.json"
+    assert main(["fit", "--records", str(records), "--like", str(shipped), "--no-prefix-hit-term",
+                 "--out", str(plain)]) == 0  # fmt: skip
+    assert PREFIX_FEATURES[0] not in LatencyProfile.load(plain).prefill.features
+    assert main(["fit", "--records", str(records), "--like", str(shipped), "--prefix-hit-term",
+                 "--no-prefix-hit-term", "--out", str(plain)]) == 2  # fmt: skip
     model = original.to_latency_model()
     (sync, sync_per_row), per_entry = model.sync_coefficients, model.table_coefficient
     # 0.48 ms + 2.7 us a padded row + 15.7 ns a block-table entry
