@@ -12,11 +12,15 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.core.config import POLICIES
 from simulator.config import ROUTERS
 from simulator.defaults import DEFAULT_GPU, DEFAULT_MODEL, DEFAULT_TRACE, default_latency_file
 from traces.cli import check_out_dir, load_trace_arg
+
+if TYPE_CHECKING:
+    from simulator.latency.profile import LatencyProfile
 
 # Packages whose `cli.register(subparsers)` adds commands; a missing one (not built, or an extra
 # not installed) simply adds none.
@@ -322,7 +326,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prefix_hits(args: argparse.Namespace, like) -> bool:
+def _prefix_hits(args: argparse.Namespace, like: LatencyProfile) -> bool:
     """Whether the refit takes the prefix-hit term: as flagged, else as the --like profile has it."""
     from simulator.latency.fitted import PREFIX_FEATURES
 

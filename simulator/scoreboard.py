@@ -1,11 +1,11 @@
 """The fidelity scoreboard: every replay of a suite re-simulated on the shipped profile of its engine.
 
 A suite (JSON, `simulator/data/validation/suite.json`) lists replay folders by trace family, each
-declared held-out or not before a profile it validates is fitted; a held-out replay whose results were
-first seen (its `seen` time) before a profile was fitted is not held out for that profile, which may have
-been designed with them in view. Per replay: the targets met, the
-signed error of E2E, TTFT and TPOT at mean, p90 and p99 and their mean absolute error, and the real
-engine's own spread where a repeat exists. Per family: the highest rate whose TTFT p99 meets the
+declared held-out or not before a profile it validates is fitted; a held-out replay whose results
+were first seen (its `seen` time) before a profile was fitted is not held out for that profile, which
+may have been designed with them in view. Per replay: the targets met, the signed error of E2E, TTFT
+and TPOT at mean, p90 and p99 and their mean absolute error, and the real engine's own spread where a
+repeat exists. Per family: the highest rate whose TTFT p99 meets the
 suite's SLO, simulated, against the real replays on either side of it.
 """
 
@@ -67,6 +67,8 @@ def load_suite(path: str | Path) -> Suite:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a scoreboard suite ({type(e).__name__}: {e})") from None
     for r in replays:
+        if r.seen is not None and r.seen.tzinfo is None:
+            raise ValueError(f"{path}: replay {r.run.name}: 'seen' needs a UTC offset, e.g. +00:00")
         if r.family not in families:
             raise ValueError(f"{path}: replay {r.run.name}: family {r.family!r} is not in 'families'")
     return suite

@@ -157,3 +157,9 @@ def test_a_replay_seen_before_a_profile_was_fitted_is_not_held_out_for_it(tmp_pa
     )
     (replay,) = load_suite(_suite(tmp_path, [{**base, "seen": "2026-12-02T08:00:00+00:00"}])).replays
     assert held_out_for(replay, undated) is False
+
+
+def test_a_seen_time_without_a_utc_offset_is_an_error_naming_the_replay(tmp_path):
+    entry = {**_replay("h200_qwen3-0.6b_bs16_async_x8", 8, True), "seen": "2026-12-02T07:22:00"}
+    with pytest.raises(ValueError, match="replay h200_qwen3-0.6b_bs16_async_x8: 'seen' needs a UTC offset"):
+        load_suite(_suite(tmp_path, [entry]))
