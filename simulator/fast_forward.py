@@ -374,7 +374,7 @@ class FastForwardScheduler(Scheduler):
                 continue
             step = (h + 1) * bs - c + 1  # the step that opens its block h + 1, registering block h
             if step <= k:
-                tokens = seq.token_ids[h * bs : (h + 1) * bs]
+                tokens = [*seq.token_ids[h * bs : (h + 1) * bs]]  # a list (the ids may be bytes)
                 tokens += [token_id] * (bs - len(tokens))
                 if hash((prev, tuple(tokens))) == hashes[h]:
                     k = step - 1
@@ -396,7 +396,7 @@ class FastForwardScheduler(Scheduler):
         order."""
         k = len(times) - 1
         running = self.running
-        new_tokens = [token_id] * (k if sampled_at is None else k + 1)
+        new_tokens = _new_tokens(running[0].token_ids, token_id, k if sampled_at is None else k + 1)
         first_time = float(times[1]) if sampled_at is None else sampled_at  # of each first new token
         gaps: dict[float, int] = {}  # previous token time -> tokens that had it
         run_last: object = _NO_TIME  # the previous token time of a run of sequences (most share one)
@@ -590,6 +590,14 @@ _get_token_ids = attrgetter("token_ids")
 def _fewest_tokens_left(seqs: list[Sequence]) -> int:
     """The fewest tokens any of `seqs` can still get before its length stop (in C)."""
     return min(map(sub, map(_get_stop_num_tokens, seqs), map(len, map(_get_token_ids, seqs))))
+
+
+def _new_tokens(like: list[int] | array, token_id: int, n: int) -> list[int] | array:
+    """n tokens `token_id`, of the type of the token list `like` (extending an array by an array of
+    its type copies bytes; by a list, converts each)."""
+    if type(like) is array:
+        return array(like.typecode, [token_id]) * n
+    return [token_id] * n
 
 
 def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:

@@ -801,6 +801,9 @@ def simulate(
     # the prompts the scheduler would reject are not generated (but for a router that reads them):
     # a list of that many placeholder tokens stands in, dropped once the request is recorded
     rejects = None if router.reads_prompt else _rejects(replicas[0].scheduler)
+    # byte tokens (`array("B")`) where nothing but the requests' own sequences reads them: every
+    # simulated request's token list is then one (its blocks compare only with each other's)
+    compact = not router.reads_prompt
 
     only = replicas[0] if len(replicas) == 1 else None  # where there is no choice to make
 
@@ -817,7 +820,7 @@ def simulate(
                 prompt = prompts[i]
             else:
                 if i % _TOKEN_CHUNK == 0:  # prompts of the next arrivals, generated together
-                    chunk = trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab, skip=rejects)
+                    chunk = trace.token_ids_many(i, i + _TOKEN_CHUNK, vocab, skip=rejects, compact=compact)
                 prompt = chunk[i % _TOKEN_CHUNK]
                 if prompt is None:
                     prompt = [SIM_TOKEN_ID] * trace.prompt_num_tokens(i)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -584,11 +585,14 @@ class Trace:
         vocab_size: int = 32000,
         salt: int = 0,
         skip: Callable[[int], bool] | None = None,
-    ) -> list[list[int] | None]:
+        compact: bool = False,
+    ) -> list[list[int] | array | None]:
         """`token_ids(i)` for rows start..stop-1, rows of unique tokens generated in one numpy pass
         (the simulator calls this per chunk of arrivals; the values equal the per-row function's).
         With `skip`, a row whose prompt length (`prompt_num_tokens`) it holds true for is None,
-        generated not at all (the simulator skips the prompts its scheduler would reject)."""
+        generated not at all (the simulator skips the prompts its scheduler would reject).
+        With `compact`, rows of unique tokens of a vocabulary of at most `SMALL_TOKEN_VOCAB` are
+        `array("B")`s of the same values (a byte a token, no Python int built); other rows are lists."""
         c = self._arrays()
         rows = range(start, min(stop, len(self._df)))
         skipped = [skip(self.prompt_num_tokens(i)) for i in rows] if skip is not None else None
@@ -598,15 +602,19 @@ class Trace:
                 return [self.token_ids(i, vocab_size, salt) for i in rows]
             return [None if out else self.token_ids(i, vocab_size, salt) for i, out in zip(rows, skipped)]
         lens = np.asarray(c["prompt_len"][rows.start : rows.stop], dtype=np.int64)
+        ids = c["request_id"][rows.start : rows.stop]
         if skipped is not None and any(skipped):
             lens = np.where(skipped, 0, lens)
-            out = self._unique_token_rows(lens, c["request_id"][rows.start : rows.stop], vocab_size, salt)
+            out = self._unique_token_rows(lens, ids, vocab_size, salt, compact)
             return [None if k else row for row, k in zip(out, skipped)]
-        return self._unique_token_rows(lens, c["request_id"][rows.start : rows.stop], vocab_size, salt)
+        return self._unique_token_rows(lens, ids, vocab_size, salt, compact)
 
     @staticmethod
-    def _unique_token_rows(lens: np.ndarray, request_ids: Any, vocab_size: int, salt: int) -> list[list[int]]:
-        """The synthetic unique-token prompts of `lens` tokens of the rows of `request_ids`."""
+    def _unique_token_rows(
+        lens: np.ndarray, request_ids: Any, vocab_size: int, salt: int, compact: bool = False
+    ) -> list[list[int]] | list[array]:
+        """The synthetic unique-token prompts of `lens` tokens of the rows of `request_ids` (as
+        `array("B")`s with `compact` where the tokens are bytes)."""
         ids = np.asarray(request_ids, dtype=np.int64).view(np.uint64)
         base = splitmix64(ids ^ np.uint64(_domain_key(_UNIQUE_DOMAIN, salt)))
         per = 8 if vocab_size <= SMALL_TOKEN_VOCAB else 1  # tokens one hash gives (as _draw_rows)
@@ -619,6 +627,9 @@ class Trace:
         else:
             flat = np.remainder(words, np.uint64(vocab_size), out=words).view(np.int64)
         starts = (offsets[:-1] * per).tolist()
+        if compact and per == 8:  # byte tokens: each row copied from the buffer, no int objects
+            data = flat.astype(np.uint8, copy=False).tobytes()
+            return [array("B", data[a : a + n]) for a, n in zip(starts, lens.tolist())]
         return [flat[a : a + n].tolist() for a, n in zip(starts, lens.tolist())]
 
     # -- persistence

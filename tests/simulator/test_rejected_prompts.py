@@ -57,8 +57,8 @@ def test_rejected_prompts_are_not_built_and_change_nothing(
     generated = []
     many = traces.Trace.token_ids_many
 
-    def counting(self, start, stop, vocab_size=32000, salt=0, skip=None):
-        rows = many(self, start, stop, vocab_size, salt, skip)
+    def counting(self, start, stop, vocab_size=32000, salt=0, skip=None, **kwargs):
+        rows = many(self, start, stop, vocab_size, salt, skip, **kwargs)
         generated.extend(len(r) for r in rows if r is not None)
         return rows
 
