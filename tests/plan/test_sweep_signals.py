@@ -20,8 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # a second or more each, so the pool is still simulating well after the pids are printed.
 SCRIPT = textwrap.dedent(
     """
-    import sys, threading, time
+    import signal, sys, threading, time
     import traces
+
+    # Ctrl-C raises KeyboardInterrupt whatever SIGINT disposition this process inherited (Python
+    # leaves an ignored one ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from simulator.sweep import PointRunner, RunContext
 
     trace = traces.scale_rate(traces.load_shipped("azure_conv_2023"), factor=30.0)
