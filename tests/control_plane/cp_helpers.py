@@ -119,6 +119,19 @@ class Run:
     end_time: float = 0.0
 
 
+def new_hit_workload(num_output: int) -> Workload:
+    """A decodes zeros; B's prompt is A's prompt, five zeros and a 9, so A's third block fills with
+    B's third block while B waits for free blocks: a prefix hit that appears during a decode run."""
+    return Workload(
+        arrivals=[
+            (0.0, [1, 2, 3, 4, 5, 6, 7], num_output),
+            (0.0025, [1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 9], 2),
+        ],
+        block_size=4,
+        num_blocks=4,
+    )
+
+
 def drive(
     w: Workload, use_fast_forward: bool, max_iterations: int = 200_000, fuse_steps: bool = False
 ) -> Run:

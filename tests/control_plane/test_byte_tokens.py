@@ -9,7 +9,7 @@ from array import array
 from dataclasses import replace
 
 import pytest
-from cp_helpers import Run, Workload, block_manager_state, drive, itl_counts, request_fields
+from cp_helpers import Run, Workload, block_manager_state, drive, itl_counts, new_hit_workload, request_fields
 
 from simulator.fast_forward import FastForwardScheduler
 
@@ -89,14 +89,7 @@ def test_byte_token_lists_run_exactly_as_int_lists(policy, mode, byte_prompts, m
 def test_a_run_stops_before_a_new_hit_of_byte_tokens(num_output, byte_prompts, monkeypatch):
     # test_fast_forward's known gap with byte prompts: A decodes zeros that fill B's third block, so
     # the run reads A's tokens of that block to see it (`_stop_before_new_hit`)
-    w = Workload(
-        arrivals=[
-            (0.0, [1, 2, 3, 4, 5, 6, 7], num_output),
-            (0.0025, [1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 9], 2),
-        ],
-        block_size=4,
-        num_blocks=4,
-    )
+    w = new_hit_workload(num_output)
     with_bytes = drive(w, use_fast_forward=True)
     assert all(type(s.token_ids) is array for s in with_bytes.seqs)
     monkeypatch.undo()

@@ -24,6 +24,7 @@ from cp_helpers import (
     drive,
     itl_counts,
     make_scheduler,
+    new_hit_workload,
     request_fields,
 )
 from hypothesis import HealthCheck, given, settings
@@ -385,14 +386,7 @@ def test_prefix_hits_that_appear_during_a_run_stop_it(num_output):
     # that opens A's fourth block, which takes the last free block: B, needing 1, still waits.
     # Either way fast-forward (which found B blocked when it started) must stop where stepping
     # registers the block, and both admit B with 12 cached tokens once A finishes.
-    w = Workload(
-        arrivals=[
-            (0.0, [1, 2, 3, 4, 5, 6, 7], num_output),
-            (0.0025, [1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 9], 2),
-        ],
-        block_size=4,
-        num_blocks=4,
-    )
+    w = new_hit_workload(num_output)
     stepped = drive(w, use_fast_forward=False)
     a, b = stepped.seqs
     assert b.first_scheduled_time == a.finish_time and b.num_cached_tokens == 12
