@@ -19,9 +19,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def stalls(run_dir: Path, min_seconds: float) -> pd.DataFrame:
-    """The steps of one replay whose GPU time is at least `min_seconds`, with their start in the run."""
-    steps = pd.read_parquet(run_dir / "steps.parquet")
+def stalls(steps: pd.DataFrame, min_seconds: float) -> pd.DataFrame:
+    """The steps of a replay whose GPU time is at least `min_seconds`, with their start in the run."""
     idle = steps["idle_before_s"].fillna(0.0) if "idle_before_s" in steps else 0.0  # older records: none
     start = (steps["wall_time_s"] + idle).cumsum() - steps["wall_time_s"]
     steps = steps.assign(at_s=start)
@@ -40,16 +39,15 @@ def main() -> int:
     num_stalled = 0
     for run in runs:
         meta = json.loads((run / "run.json").read_text())
-        found = stalls(run, args.min_seconds)
+        steps = pd.read_parquet(run / "steps.parquet")
+        found = stalls(steps, args.min_seconds)
         num_stalled += bool(len(found))
         cells = ", ".join(
             f"{r.gpu_time_s:.2f} s at {r.at_s:.1f} s: {r.kind} {int(r.num_seqs)} seqs "
             f"{int(r.total_num_scheduled_tokens)} tokens"
             for r in found.itertuples()
         )
-        print(
-            f"{run.name:<46} {meta.get('created', '')[:16]:<17} {len(pd.read_parquet(run / 'steps.parquet')):>6}  {cells or '-'}"
-        )
+        print(f"{run.name:<46} {meta.get('created', '')[:16]:<17} {len(steps):>6}  {cells or '-'}")
     print(f"\n{num_stalled} of {len(runs)} replays have a step of {args.min_seconds:g} s or more")
     return 0
 
