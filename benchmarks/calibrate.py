@@ -227,6 +227,7 @@ def calibrate(
             "model_name": args.preset,
             "policy": llm.scheduler_config.policy,
             **llm.kernel_choices(),
+            "freeze_gc": llm.freeze_gc,
             "source": "benchmarks/calibrate.py",
             "sweep_envelope": envelope(records, block_size),
             "sweep_estimate_s": {k: round(v, 1) for k, v in plan.estimate.items()},

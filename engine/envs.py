@@ -152,6 +152,11 @@ VARIABLES: dict[str, EnvVar] = {
             field="fused_head_argmax",
         ),
         EnvVar(
+            "KVPLAN_FREEZE_GC", SWITCH, True,
+            "what start-up built is moved out of Python's garbage collector's reach (as vLLM does), so "
+            "a full collection never pauses a step (`LLM(freeze_gc=...)` wins)",
+        ),
+        EnvVar(
             "KVPLAN_TP_PORT", PORT, None,
             "the rendezvous port of the tensor-parallel ranks (`LLM(dist_port=...)` wins)",
             notes=(("unset", "a free port"),),

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from engine import envs
 from engine.attention import select_backend
 from engine.core.block_manager import BlockManager
 from engine.core.config import CacheConfig, ParallelConfig, SchedulerConfig
@@ -70,11 +71,10 @@ class LLM:
     $KVPLAN_TP_PORT, else a free port); a collective that waits longer than `dist_timeout_s` fails.
     `profile_allreduce` records each step's all-reduce time (synchronising around each one; decode
     steps replayed from a CUDA graph record NaN, so profile with `enforce_eager=True`).
-    `freeze_gc` (as vLLM does) moves every object alive after start-up out of the garbage collector's
-    reach until `close()`, so full collections stop walking the kernels' large compile caches in the
-    middle of host-bound steps. Off by default: in a heavy replay it did not make eager steps faster
-    (benchmarks/diag_replay_steps.py, 2026-11-29: docs/archive/PERF-history.md); the shipped profiles
-    were fitted without.
+    `freeze_gc` (default $KVPLAN_FREEZE_GC, else on; as vLLM does) moves every object alive after
+    start-up out of the garbage collector's reach until `close()`, so full collections stop walking
+    the kernels' large compile caches in the middle of a step (a one-time pause of 0.33-0.43 s a
+    serving process without it: docs/PERF.md, "The real engine's own spread").
     `prefill_graphs` (default $KVPLAN_PREFILL_GRAPHS, else on) runs prefill and mixed steps through
     piecewise CUDA graphs (engine/piecewise.py) whenever decode steps use graphs.
     `async_scheduling` overlaps the host's work for a decode step (postprocess, schedule, inputs,
@@ -106,11 +106,12 @@ class LLM:
         dist_port: int | None = None,
         dist_timeout_s: float = 600.0,
         profile_allreduce: bool = False,
-        freeze_gc: bool = False,
+        freeze_gc: bool | None = None,
         async_scheduling: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir)
         self._froze_gc = False
+        self.freeze_gc = envs.get("KVPLAN_FREEZE_GC") if freeze_gc is None else freeze_gc
         hf_config = read_hf_config(self.model_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.scheduler_config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, policy)
@@ -167,7 +168,7 @@ class LLM:
             StepRecorder(tp, block_size, cuda=self.device.type == "cuda") if record_steps else None
         )
         self._compiles = self.runner.compile_count()  # kernel variants compiled before serving
-        if freeze_gc:  # what start-up built (modules, compiled kernels' objects) is never walked again
+        if self.freeze_gc:  # what start-up built (modules, compiled kernels' objects) is never walked again
             gc.freeze()
             self._froze_gc = True
 

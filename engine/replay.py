@@ -100,6 +100,7 @@ def write_replay(llm, trace, requests: pd.DataFrame, out_dir: str | Path, extra:
         "tensor_parallel_size": llm.parallel_config.tensor_parallel_size,
         "attention_backend": llm.attention_backend,
         **llm.kernel_choices(),
+        "freeze_gc": llm.freeze_gc,
         "block_size": cache.block_size,
         "num_kv_blocks": cache.num_blocks,
         "enable_prefix_caching": cache.enable_prefix_caching,

@@ -34,16 +34,19 @@ SIM_GC_THRESHOLDS = (50_000, 20, 100)
 def relaxed_gc(thresholds: tuple[int, int, int] = SIM_GC_THRESHOLDS) -> Iterator[None]:
     """Collect less often while a simulation runs: what exists now is frozen (never walked), and the
     young generation collects every `thresholds[0]` allocations. Restores both on exit (process-wide
-    settings: do not run simulations in threads of one process; the exit also unfreezes what others
-    froze, such as an `LLM(freeze_gc=True)` of the same process)."""
+    settings: do not run simulations in threads of one process). Where something froze objects
+    before (an `LLM` of the same process: `freeze_gc`), the exit leaves everything frozen, since
+    Python cannot unfreeze only what this froze."""
     old = gc.get_threshold()
+    was_frozen = gc.get_freeze_count() > 0
     gc.freeze()
     gc.set_threshold(*thresholds)
     try:
         yield
     finally:
         gc.set_threshold(*old)
-        gc.unfreeze()
+        if not was_frozen:
+            gc.unfreeze()
 
 
 @dataclass

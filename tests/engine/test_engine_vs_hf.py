@@ -189,18 +189,23 @@ def test_a_compile_flags_its_step_when_the_step_is_slow_enough_to_ask(
         assert df["compiled"].tolist()[2] == bool(flagged)
 
 
-def test_freeze_gc_freezes_after_start_and_unfreezes_on_close(checkpoints):
+def test_freeze_gc_freezes_after_start_and_unfreezes_on_close(checkpoints, monkeypatch):
     import gc
 
     from engine.llm import LLM
 
+    small = dict(block_size=16, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256)
+    monkeypatch.delenv("KVPLAN_FREEZE_GC", raising=False)
     assert gc.get_freeze_count() == 0
-    llm = LLM(checkpoints["qwen3"], block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
-              max_model_len=256, freeze_gc=True)  # fmt: skip
-    assert gc.get_freeze_count() > 0
+    llm = LLM(checkpoints["qwen3"], **small)  # on by default
+    assert llm.freeze_gc is True and gc.get_freeze_count() > 0
     llm.close()
     assert gc.get_freeze_count() == 0
-    with LLM(
-        checkpoints["qwen3"], block_size=16, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256
-    ):
-        assert gc.get_freeze_count() == 0  # off by default
+    with LLM(checkpoints["qwen3"], freeze_gc=False, **small) as llm:
+        assert llm.freeze_gc is False and gc.get_freeze_count() == 0
+    monkeypatch.setenv("KVPLAN_FREEZE_GC", "0")
+    with LLM(checkpoints["qwen3"], **small) as llm:
+        assert llm.freeze_gc is False and gc.get_freeze_count() == 0
+    with LLM(checkpoints["qwen3"], freeze_gc=True, **small):  # the argument wins
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0

@@ -136,6 +136,21 @@ def test_relaxed_gc_restores_the_collector():
     assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
 
 
+def test_relaxed_gc_leaves_an_engines_freeze_in_place():
+    import gc
+
+    from simulator.run import relaxed_gc
+
+    gc.freeze()  # as an LLM(freeze_gc=True) of this process does
+    try:
+        engine_frozen = gc.get_freeze_count()
+        with relaxed_gc((12_345, 7, 9)):
+            pass
+        assert gc.get_freeze_count() >= engine_frozen > 0
+    finally:
+        gc.unfreeze()
+
+
 def _counting_waits(monkeypatch):
     """Count the SimPy timeouts replicas take (Replica._wait), keeping its behaviour."""
     from simulator.sim import Replica
