@@ -11,12 +11,16 @@ must be served apart from the process that calibrated it (docs/CALIBRATION.md, t
 
 Each `--run NAME TRACE WINDOW SCALE`: TRACE a shipped trace name or a trace file, WINDOW START:END
 seconds or '-' for the whole trace, SCALE the rate multiple. A run that fails or overruns is
-reported and the next one still runs; the folders already written stay.
+reported and the next one still runs; the folders already written stay. `--gc-log` times every
+collection of Python's garbage collector while a run is served, writes them to the run's
+gc_pauses.json (seconds from the run's start, generation, duration) and prints the longest.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import sys
 import tempfile
 import time
@@ -38,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--out", required=True, help="folder that receives one replay folder per --run")
     p.add_argument("--max-wall", type=float, default=300.0, help="abort a run after this many seconds")
+    p.add_argument(
+        "--gc-log", action="store_true", help="time the garbage collector's passes (gc_pauses.json a run)"
+    )
     args = p.parse_args(argv)
     args.runs = [check_run(*run) for run in args.run]
     names = [r[0] for r in args.runs]
@@ -57,6 +64,38 @@ def check_run(name: str, trace: str, window: str, scale: str) -> tuple[str, str,
     if not rate > 0:
         raise SystemExit(f"--run {name}: SCALE must be > 0, got {scale}")
     return name, trace, (None if window == "-" else window), rate
+
+
+class GcLog:
+    """Every garbage-collector pass (`gc.callbacks`) as (perf_counter at its start, generation, s)."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[float, int, float]] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._start = now
+        else:
+            self.passes.append((self._start, int(info["generation"]), now - self._start))
+
+    def write(self, since: float, path: Path) -> str:
+        """The passes after `since` into `path` (seconds from `since`); a one-line summary."""
+        rows = [
+            {"at_s": round(t - since, 4), "generation": g, "seconds": round(d, 5)}
+            for t, g, d in self.passes
+            if t >= since
+        ]
+        path.write_text(json.dumps(rows) + "\n")
+        full = [r for r in rows if r["generation"] == 2]
+        worst = max(rows, key=lambda r: r["seconds"], default=None)
+        longest = (
+            f", longest {worst['seconds']:.3f} s (gen {worst['generation']}) at {worst['at_s']:.1f} s"
+            if worst
+            else ""
+        )
+        return f"gc: {len(rows)} passes, {len(full)} full, {sum(r['seconds'] for r in rows):.3f} s in all{longest}"
 
 
 def serve(llm, gpu: str, run: tuple[str, str, str | None, float], out: Path, max_wall: float) -> str:
@@ -81,10 +120,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--out {out}: {', '.join(taken)} already exist; choose other names or folder")
     gpu = detected_gpu(args)
     failed = 0
+    gc_log = GcLog() if args.gc_log else None
+    if gc_log is not None:
+        gc.callbacks.append(gc_log)
     with tempfile.TemporaryDirectory() as tmp, open_llm(args, tmp) as llm:
+        print(f"engine up: freeze_gc={llm.freeze_gc}, {gc.get_freeze_count()} objects frozen", flush=True)
         for run in args.runs:
             try:
+                since = time.perf_counter()
                 print(serve(llm, gpu, run, out, args.max_wall), flush=True)
+                if gc_log is not None:
+                    print("  " + gc_log.write(since, out / run[0] / "gc_pauses.json"), flush=True)
             except Exception as exc:  # report and go on: the other runs still count
                 failed += 1
                 print(f"{run[0]}: FAILED {type(exc).__name__}: {exc}", flush=True)
