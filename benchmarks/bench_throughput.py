@@ -4,7 +4,9 @@ Random-weight Qwen3-0.6B (made on the spot unless --model-dir is given); 256 req
 random.seed(0): prompts of randint(100, 1024) tokens each randint(0, 10000), then max_tokens
 randint(100, 1024), EOS ignored, max_model_len 4096; one warm-up request first. Throughput is
 sum(max_tokens) over the wall time of the generate call. Each timed run starts from an empty prefix
-cache. Writes the step records as Parquet.
+cache. Writes the step records as Parquet. Beside the throughput it prints the run's per-step floor
+(bench_long_context.py's: each recorded step's FLOPs at --peak-tflops or bytes at --peak-tbps,
+whichever is longer) and the output tok/s that floor would allow.
 
     PYTHONPATH=. python3 benchmarks/bench_throughput.py --block-size 256 --records out/steps.parquet
 """
@@ -17,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 from random import randint, seed
+
+from bench_long_context import H200_TBPS, H200_TFLOPS, ModelCosts, run_floor
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
@@ -53,7 +57,7 @@ def single_stream(llm: LLM, prompt_len: int = 128, max_tokens: int = 256) -> tup
     return step_ms, (seq.finish_time - seq.first_token_time) / (max_tokens - 1) * 1e3, gpu_ms
 
 
-def timed_run(llm: LLM, prompts, params, records: str | None) -> dict:
+def timed_run(llm: LLM, prompts, params, records: str | None, peaks: tuple[float, float]) -> dict:
     """The recipe's generate call and one single stream, on `llm` as it is set, each from an empty
     prefix cache (a rerun of the same prompts would hit what the run before cached)."""
     llm.reset_prefix_cache()
@@ -66,6 +70,7 @@ def timed_run(llm: LLM, prompts, params, records: str | None) -> dict:
     if records:
         llm.recorder.save(records)
     async_steps = llm.num_async_steps
+    floor = run_floor(df, ModelCosts.of(llm.spec), wall, total, *peaks)
     llm.reset_prefix_cache()
     step_ms, tpot_ms, gpu_ms = single_stream(llm)
     kinds = df.groupby("kind").agg(
@@ -92,6 +97,11 @@ def timed_run(llm: LLM, prompts, params, records: str | None) -> dict:
         "single_stream_ms_per_token": round(step_ms, 3),
         "single_stream_tpot_ms": round(tpot_ms, 3),
         "single_stream_gpu_ms": round(gpu_ms, 3),
+        "floor_s": round(floor["per_step_floor_s"], 3),
+        "floor_compute_s": round(floor["compute_floor_s"], 3),
+        "floor_bandwidth_s": round(floor["bandwidth_floor_s"], 3),
+        "floor_tok_per_s": round(total / floor["per_step_floor_s"], 1),
+        "fraction_of_floor": round(floor["fraction_of_floor"], 3),
     }
 
 
@@ -119,6 +129,8 @@ def main() -> None:
     )
     ap.add_argument("--records", help="write the timed run's step records here (.parquet or .csv)")
     ap.add_argument("--json", help="write the summary here")
+    ap.add_argument("--peak-tflops", type=float, default=H200_TFLOPS, help="matrix ceiling, TFLOP/s")
+    ap.add_argument("--peak-tbps", type=float, default=H200_TBPS, help="memory ceiling, TB/s")
     args = ap.parse_args()
 
     model_dir = args.model_dir
@@ -147,7 +159,8 @@ def main() -> None:
     for i, mode in enumerate(modes):
         llm.async_scheduling = mode
         llm.num_async_steps = 0
-        runs.append(timed_run(llm, prompts, params, args.records if i == len(modes) - 1 else None))
+        records = args.records if i == len(modes) - 1 else None
+        runs.append(timed_run(llm, prompts, params, records, (args.peak_tflops, args.peak_tbps)))
     head = {
         "backend": llm.attention_backend,
         "block_size": args.block_size,
