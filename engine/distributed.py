@@ -7,6 +7,7 @@ others in torch.distributed collectives (NCCL on GPU, gloo on CPU). Sharding liv
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import signal
@@ -149,6 +150,7 @@ class WorkerArgs:
     port: int
     timeout_s: float
     num_threads: int
+    freeze_gc: bool = False  # rank 0's LLM(freeze_gc=...): the worker freezes what its start built
 
     @property
     def dist_backend(self) -> str:
@@ -190,6 +192,8 @@ def worker_main(rank: int, args: WorkerArgs, conn: Any) -> None:
             args.model_dir, args.hf_config, args.spec, backend,
             device=device, tp_rank=rank, tp_size=args.tp_size, **args.runner_kwargs,
         )  # fmt: skip
+        if args.freeze_gc:  # as rank 0 does: a full collection would stall every rank's collectives
+            gc.freeze()
         exit_at, step = _test_exit_step(rank), 0
         while (payload := _receive(conn)) != _STOP:
             if step == exit_at:
@@ -232,6 +236,7 @@ class MultiprocExecutor:
         port: int | None = None,
         timeout_s: float = 600.0,
         join_timeout_s: float = 30.0,
+        freeze_gc: bool = False,
     ) -> None:
         if dist.is_available() and dist.is_initialized():
             raise RuntimeError(
@@ -256,6 +261,7 @@ class MultiprocExecutor:
         args = WorkerArgs(
             model_dir, hf_config, spec, attention_backend, runner_kwargs, device, tp_size,
             port=self.store.port, timeout_s=timeout_s, num_threads=torch.get_num_threads(),
+            freeze_gc=freeze_gc,
         )  # fmt: skip
         try:
             ctx = mp.get_context("spawn")

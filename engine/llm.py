@@ -144,7 +144,7 @@ class LLM:
             self.device = rank_device(self.device, 0)
             self.executor = MultiprocExecutor(
                 self.model_dir, hf_config, spec, backend.name, runner_kwargs, self.device, tp,
-                port=dist_port, timeout_s=dist_timeout_s,
+                port=dist_port, timeout_s=dist_timeout_s, freeze_gc=self.freeze_gc,
             )  # fmt: skip
         try:
             self.runner = ModelRunner(
