@@ -10,6 +10,8 @@ Phases, in the order they run (docs/CALIBRATION.md says what each covers and why
   fill most of the cache), every batch size from 1 to max_num_seqs and uniform batches at 8k to
   max_model_len; each document is prefilled once and reused by prefix hits;
 - `mixed_long`: long prefills (half and all of max_model_len) chunked beside long decodes;
+- `mixed_serving`: serving's common mixed step, one short prompt (128-2,048 tokens) joining a running
+  batch (2 to 160 sequences) of document prefixes spread from 512 to 4,096 tokens;
 - `full`: the largest batch over nearly all of the cache;
 - with async scheduling, a `sync` twin of every `long` and `full` workload whose requests stop at
   EOS: the engine cannot run their steps ahead, so the fit's sync terms see every block-table width;
@@ -40,7 +42,9 @@ FULL_SHARE = 0.97  # of the KV cache: the `full` workload's prompts and decode r
 LONG_CONTEXTS = (8192, 16384, 24576)  # uniform long-context decode batches (where the documents are as long)
 LONG_BATCHES = (1, 4, 16, 64)
 MIXED_LONG_SHARES = (16, 4, 2)  # mixed_long: decode batches of 1/16, 1/4 and 1/2 of the documents
-PHASES = ("short", "long", "mixed_long", "full", "serving")
+MIXED_SERVING_BATCHES = (160, 128, 96, 64, 32, 16, 8, 2)  # mixed_serving: running batches, largest first
+MIXED_SERVING_JOINS = (128, 256, 512, 1024, 2048) * 3  # its prompts, each one mixed step beside them
+PHASES = ("short", "long", "mixed_long", "mixed_serving", "full", "serving")
 SERVING_S = 28.0  # the two synthetic-traffic replays: 20 s + 8 s of traffic, served in real time
 
 
@@ -131,7 +135,7 @@ def longest_document(limits: SweepLimits) -> int:
 
 
 def long_workloads(limits: SweepLimits) -> list[Workload]:
-    """The `long`, `mixed_long` and `full` phases (and, with async scheduling, the `sync` twins of
+    """The `long`, `mixed_long`, `mixed_serving` and `full` phases (and, with async scheduling, the `sync` twins of
     the decode ones) over the corpus documents (`corpus_lengths`)."""
     docs = corpus_lengths(limits)
     if not docs:
@@ -163,6 +167,7 @@ def long_workloads(limits: SweepLimits) -> list[Workload]:
                         "mixed", b, docs[0], steps, phase="mixed_long", lengths=tuple(docs[:b]), joins=joins
                     )
                 )
+    out += mixed_serving_workloads(limits, docs)
     b = n_docs
     budget = int(FULL_SHARE * limits.kv_tokens) - b * (DECODE_STEPS + bs)
     scale = budget / sum(docs)
@@ -177,6 +182,27 @@ def long_workloads(limits: SweepLimits) -> list[Workload]:
             if w.kind == "decode":
                 twins.append(replace(w, sync=True))
         out = twins
+    return out
+
+
+def mixed_serving_workloads(limits: SweepLimits, docs: list[int]) -> list[Workload]:
+    """The `mixed_serving` phase (chunked policy): running batches of MIXED_SERVING_BATCHES over the
+    longest documents' prefixes (lengths spread from 512 to 4,096 tokens, longest on the longest
+    document; prefix hits on what the `long` phase cached), joined one at a time by prompts of
+    MIXED_SERVING_JOINS tokens, each prefilled in one step beside the running decodes."""
+    if limits.policy != "chunked":
+        return []
+    longest, out = min(4096, limits.max_model_len // 2), []
+    for b in (b for b in MIXED_SERVING_BATCHES if b <= min(len(docs), limits.max_num_seqs)):
+        spread = sorted(spread_lengths(b, longest, min(512, longest)), reverse=True)
+        lengths = tuple(max(1, min(n, d)) for n, d in zip(spread, docs))
+        joins = tuple(n for n in MIXED_SERVING_JOINS if n + b <= limits.max_num_batched_tokens)
+        steps = len(joins) + DECODE_STEPS // 4
+        room = b * (steps + limits.block_size) + sum(joins) + 2 * limits.block_size
+        if joins and sum(lengths) + room <= limits.kv_tokens and lengths[0] + steps < limits.max_model_len:
+            out.append(
+                Workload("mixed", b, lengths[0], steps, phase="mixed_serving", lengths=lengths, joins=joins)
+            )
     return out
 
 

@@ -44,7 +44,8 @@ def test_estimate_prices_each_phase_on_a_shipped_profile(h200_plan):
     est = estimate_seconds(steps, model)
     assert est == pytest.approx(
         {"short": 23.4764189458, "long": 20.436913551645, "mixed_long": 2.92623074156,
-         "full": 4.470837685359, "serving": 28.0, "total": 79.310400924364}, rel=1e-9
+         "mixed_serving": 1.852064323324, "full": 4.680031937404, "serving": 28.0,
+         "total": 81.371659499732}, rel=1e-9
     )  # fmt: skip
     # a step run ahead is priced without the host's sync terms
     seconds = step_seconds(steps, model)
@@ -76,22 +77,23 @@ def test_sweep_end_to_end_runs_the_steps_it_planned(eos_checkpoint, capsys):
         plan = plan_sweep(llm, model, serving=False)
         assert plan.limits == SweepLimits(8, 256, 512, 4096, "chunked", 16, async_scheduling=True)
         assert [w.phase for w in plan.work].count("short") == 13
-        assert {w.phase for w in plan.work} == {"short", "long", "mixed_long", "full"}
+        assert {w.phase for w in plan.work} == {"short", "long", "mixed_long", "mixed_serving", "full"}
         records = run_profile(llm, progress=False, serving=False, plan=plan, time_budget_s=10)
     assert capsys.readouterr().out.startswith("profile: estimated device time 1 s on qwen3-0.6b on H200")
     planned = plan.steps[STEP_COLUMNS].reset_index(drop=True)
     measured = records[STEP_COLUMNS].astype(planned.dtypes.to_dict()).reset_index(drop=True)
     pd.testing.assert_frame_equal(planned, measured)
-    assert len(records) == 678
+    assert len(records) == 704
     assert envelope(records, 16) == envelope(plan.steps, 16)
     assert envelope(records, 16)["decode_sync"] == {
-        "steps": 220, "batch": [1, 8], "longest": [129, 471], "context": [128, 3732], "step_tokens": [1, 8],
+        "steps": 230, "batch": [1, 8], "longest": [129, 471], "context": [128, 3732], "step_tokens": [1, 8],
         "kv_blocks": [9, 238], "table_width": [9, 240],
     }  # fmt: skip
     assert plan.steps.groupby("phase").size().to_dict() == {
-        "full": 87,
+        "full": 83,
         "long": 333,
         "mixed_long": 42,
+        "mixed_serving": 30,
         "short": 216,
     }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import engine_helpers
 import numpy as np
 import pandas as pd
@@ -14,6 +16,7 @@ from engine.profiling import (
     envelope,
     fill_shortest,
     full_cache_workloads,
+    mixed_serving_workloads,
     serving_lengths,
     spread_lengths,
     sweep,
@@ -144,18 +147,19 @@ def test_planned_steps_reach_the_serving_envelope(h200_plan):
     decode steps not run ahead at every block-table width, mixed steps at long context."""
     _, steps = h200_plan
     assert steps.groupby("phase").size().to_dict() == {
-        "full": 103,
+        "full": 110,
         "long": 1472,
         "mixed_long": 63,
+        "mixed_serving": 200,
         "short": 3727,
     }
     assert envelope(steps, 16) == {
         "block_size": 16,
-        "decode": {"steps": 4480, "batch": [1, 256], "longest": [129, 32727], "context": [128, 1085505],
+        "decode": {"steps": 4552, "batch": [1, 256], "longest": [129, 32727], "context": [128, 1085505],
                    "step_tokens": [1, 256], "kv_blocks": [9, 67956], "table_width": [9, 429660]},
-        "decode_sync": {"steps": 1248, "batch": [1, 256], "longest": [129, 32727], "context": [128, 1085505],
+        "decode_sync": {"steps": 1256, "batch": [1, 256], "longest": [129, 32727], "context": [128, 1085505],
                         "step_tokens": [1, 256], "kv_blocks": [9, 67956], "table_width": [9, 429660]},
-        "prefill": {"steps": 885, "batch": [1, 256], "longest": [16, 32700], "context": [0, 1075648],
+        "prefill": {"steps": 1020, "batch": [1, 256], "longest": [16, 32700], "context": [0, 1075648],
                     "step_tokens": [5, 8192], "kv_blocks": [1, 67438], "table_width": [1, 429030]},
     }  # fmt: skip
     mixed = steps[(steps.phase == "mixed_long") & (steps.kind == "mixed")]
@@ -168,5 +172,30 @@ def test_planned_steps_reach_the_serving_envelope(h200_plan):
     width = decode.num_seqs * ((decode.max_seq_len + 15) // 16)
     bands = np.digitize(width, [2048, 8192, 32768, 131072])
     counts = pd.crosstab(bands, decode.overlapped).to_dict("index")
-    assert counts == {0: {False: 160, True: 152}, 1: {False: 200, True: 190}, 2: {False: 161, True: 160},
-                      3: {False: 81, True: 84}, 4: {False: 121, True: 122}}  # fmt: skip
+    assert counts == {0: {False: 161, True: 160}, 1: {False: 202, True: 206}, 2: {False: 164, True: 184},
+                      3: {False: 83, True: 100}, 4: {False: 121, True: 122}}  # fmt: skip
+
+
+def test_mixed_serving_joins_short_prompts_to_running_batches_of_serving_contexts(h200_plan):
+    """Serving's common mixed step: one prompt of 128-2,048 tokens joining 2-160 running decodes of
+    document prefixes spread from 512 to 4,096 tokens, each join prefilled in one step."""
+    work, steps = h200_plan
+    phase = [w for w in work if w.phase == "mixed_serving"]
+    assert [(w.num_seqs, w.lengths[0], w.lengths[-1]) for w in phase] == [
+        (160, 4096, 99), (128, 4096, 318), (96, 4096, 512), (64, 4096, 512), (32, 4096, 512),
+        (16, 4096, 512), (8, 4096, 512), (2, 4096, 512),
+    ]  # fmt: skip
+    assert {w.joins for w in phase} == {(128, 256, 512, 1024, 2048) * 3}
+    mixed = steps[(steps.phase == "mixed_serving") & (steps.kind == "mixed")]
+    joined = mixed[mixed.num_prefill_seqs == 1]
+    assert len(mixed) == 127 and len(joined) == 120
+    assert sorted(set(joined.total_num_scheduled_tokens - joined.num_decode_seqs)) == [
+        128,
+        256,
+        512,
+        1024,
+        2048,
+    ]
+    assert sorted(set(joined.num_decode_seqs)) == [2, 8, 16, 32, 64, 96, 128, 160]
+    # none without the chunked policy
+    assert mixed_serving_workloads(replace(H200_LIMITS, policy="prefill_first"), [4096] * 8) == []
