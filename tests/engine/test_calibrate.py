@@ -54,7 +54,8 @@ def test_a_tiny_calibration_records_its_envelope_and_estimate(monkeypatch, tmp_p
     assert extra["sweep_envelope"] == envelope(records, 16)
     assert extra["sweep_envelope"]["decode"]["longest"] == [129, 215]
     assert extra["fit_ranges"] == FitRanges.of_records(records).as_dict()
-    assert list(extra["sweep_estimate_s"]) == ["short", "long", "mixed_long", "mixed_serving", "full", "serving", "total"]
+    phases = ["short", "long", "mixed_long", "mixed_serving", "full", "serving", "total"]
+    assert list(extra["sweep_estimate_s"]) == phases
     assert extra["sweep_estimate_s"]["serving"] == 0.0
     with pytest.raises(ValueError, match="--profile-budget: the sweep is estimated at 29 s"):
         _main(monkeypatch, "--out", str(tmp_path / "b"), "--preset", "tiny", "--max-num-seqs", "4",
