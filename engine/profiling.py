@@ -193,7 +193,8 @@ def mixed_serving_workloads(limits: SweepLimits, docs: list[int]) -> list[Worklo
     if limits.policy != "chunked":
         return []
     longest, out = min(4096, limits.max_model_len // 2), []
-    for b in (b for b in MIXED_SERVING_BATCHES if b <= min(len(docs), limits.max_num_seqs)):
+    # a join needs a slot beside the running batch: b < max_num_seqs
+    for b in (b for b in MIXED_SERVING_BATCHES if b <= len(docs) and b < limits.max_num_seqs):
         spread = sorted(spread_lengths(b, longest, min(512, longest)), reverse=True)
         lengths = tuple(max(1, min(n, d)) for n, d in zip(spread, docs))
         joins = tuple(n for n in MIXED_SERVING_JOINS if n + b <= limits.max_num_batched_tokens)

@@ -33,8 +33,8 @@ def test_plan_only_prints_the_sweep_of_each_block_size(monkeypatch, capsys):
     assert lines[0] == "qwen3-0.6b block 16: 4,096 KV blocks (65,536 tokens)"
     assert lines[1] == (
         "  profile: estimated device time 33 s on qwen3-0.6b_h200_tp1_bs16.json: short 2.9 s (1,135 steps), "
-        "long 0.8 s (252 steps), mixed_long 0.3 s (63 steps), mixed_serving 0.3 s (66 steps), full 0.3 s "
-        "(65 steps), serving 28 s"
+        "long 0.8 s (252 steps), mixed_long 0.3 s (63 steps), mixed_serving 0.1 s (38 steps), full 0.4 s "
+        "(71 steps), serving 28 s"
     )
     assert lines[2].startswith('  envelope: {"block_size": 16, "decode": {"steps": ')
     assert lines[3] == "  over --profile-budget 20 s: a run would stop before the sweep"

@@ -83,17 +83,17 @@ def test_sweep_end_to_end_runs_the_steps_it_planned(eos_checkpoint, capsys):
     planned = plan.steps[STEP_COLUMNS].reset_index(drop=True)
     measured = records[STEP_COLUMNS].astype(planned.dtypes.to_dict()).reset_index(drop=True)
     pd.testing.assert_frame_equal(planned, measured)
-    assert len(records) == 704
+    assert len(records) == 691
     assert envelope(records, 16) == envelope(plan.steps, 16)
     assert envelope(records, 16)["decode_sync"] == {
-        "steps": 230, "batch": [1, 8], "longest": [129, 471], "context": [128, 3732], "step_tokens": [1, 8],
+        "steps": 221, "batch": [1, 8], "longest": [129, 471], "context": [128, 3732], "step_tokens": [1, 8],
         "kv_blocks": [9, 238], "table_width": [9, 240],
     }  # fmt: skip
     assert plan.steps.groupby("phase").size().to_dict() == {
-        "full": 83,
+        "full": 87,
         "long": 333,
         "mixed_long": 42,
-        "mixed_serving": 30,
+        "mixed_serving": 13,
         "short": 216,
     }
 
