@@ -10,8 +10,9 @@ Phases, in the order they run (docs/CALIBRATION.md says what each covers and why
   fill most of the cache), every batch size from 1 to max_num_seqs and uniform batches at 8k to
   max_model_len; each document is prefilled once and reused by prefix hits;
 - `mixed_long`: long prefills (half and all of max_model_len) chunked beside long decodes;
-- `mixed_serving`: serving's common mixed step, one short prompt (128-2,048 tokens) joining a running
-  batch (2 to 160 sequences) of document prefixes spread from 512 to 4,096 tokens;
+- `mixed_serving`: serving's common mixed step, one short prompt (128-2,048 tokens after one cached
+  block) joining a running batch (2 to 160 sequences) of document prefixes spread from 512 to 4,096
+  tokens;
 - `full`: the largest batch over nearly all of the cache;
 - with async scheduling, a `sync` twin of every `long` and `full` workload whose requests stop at
   EOS: the engine cannot run their steps ahead, so the fit's sync terms see every block-table width;
@@ -63,6 +64,7 @@ class Workload:
     lengths: tuple[int, ...] = ()  # > (): sequence i's prompt is corpus document i's first lengths[i] tokens
     joins: tuple[int, ...] = ()  # mixed over documents: fresh prompts that join one after another
     sync: bool = False  # its requests stop at EOS: an async engine cannot run their steps ahead
+    join_prefix: int = 0  # joins start with corpus document 0's first that many tokens (cached)
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,9 @@ def mixed_serving_workloads(limits: SweepLimits, docs: list[int]) -> list[Worklo
     """The `mixed_serving` phase (chunked policy): running batches of MIXED_SERVING_BATCHES over the
     longest documents' prefixes (lengths spread from 512 to 4,096 tokens, longest on the longest
     document; prefix hits on what the `long` phase cached), joined one at a time by prompts of
-    MIXED_SERVING_JOINS tokens, each prefilled in one step beside the running decodes."""
+    MIXED_SERVING_JOINS tokens, each prefilled in one step beside the running decodes. Each join
+    starts with one block that is cached (document 0's first), as serving's shared system prompts
+    make most prefills prefix hits."""
     if limits.policy != "chunked":
         return []
     longest, out = min(4096, limits.max_model_len // 2), []
@@ -198,12 +202,12 @@ def mixed_serving_workloads(limits: SweepLimits, docs: list[int]) -> list[Worklo
         spread = sorted(spread_lengths(b, longest, min(512, longest)), reverse=True)
         lengths = tuple(max(1, min(n, d)) for n, d in zip(spread, docs))
         joins = tuple(n for n in MIXED_SERVING_JOINS if n + b <= limits.max_num_batched_tokens)
+        prefix = limits.block_size if docs[0] >= limits.block_size else 0
         steps = len(joins) + DECODE_STEPS // 4
         room = b * (steps + limits.block_size) + sum(joins) + 2 * limits.block_size
         if joins and sum(lengths) + room <= limits.kv_tokens and lengths[0] + steps < limits.max_model_len:
-            out.append(
-                Workload("mixed", b, lengths[0], steps, phase="mixed_serving", lengths=lengths, joins=joins)
-            )
+            shape = dict(lengths=lengths, joins=joins, join_prefix=prefix)
+            out.append(Workload("mixed", b, lengths[0], steps, phase="mixed_serving", **shape))
     return out
 
 
@@ -374,9 +378,10 @@ def _run(engine, w: Workload, rng: np.random.Generator, vocab: int, corpus: Corp
     while sched.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in sched.running):
         engine.step()
     join = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    if w.joins:  # long prompts, one after another, each stepped until its prefill is done
+    if w.joins:  # prompts one after another, each stepped until its prefill is done
+        prefix = corpus.prompt(0, w.join_prefix) if w.join_prefix else []
         for n in w.joins:
-            seq = engine.add_request(rng.integers(0, vocab, n).tolist(), join)
+            seq = engine.add_request(prefix + rng.integers(0, vocab, n).tolist(), join)
             while seq.num_computed_tokens < seq.num_prompt_tokens and not seq.is_finished:
                 engine.step()
     else:

@@ -44,8 +44,8 @@ def test_estimate_prices_each_phase_on_a_shipped_profile(h200_plan):
     est = estimate_seconds(steps, model)
     assert est == pytest.approx(
         {"short": 23.4764189458, "long": 20.436913551645, "mixed_long": 2.92623074156,
-         "mixed_serving": 1.852064323324, "full": 4.680031937404, "serving": 28.0,
-         "total": 81.371659499732}, rel=1e-9
+         "mixed_serving": 1.852650886311, "full": 4.680031937404, "serving": 28.0,
+         "total": 81.372246062719}, rel=1e-9
     )  # fmt: skip
     # a step run ahead is priced without the host's sync terms
     seconds = step_seconds(steps, model)

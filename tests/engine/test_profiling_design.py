@@ -186,6 +186,7 @@ def test_mixed_serving_joins_short_prompts_to_running_batches_of_serving_context
         (16, 4096, 512), (8, 4096, 512), (2, 4096, 512),
     ]  # fmt: skip
     assert {w.joins for w in phase} == {(128, 256, 512, 1024, 2048) * 3}
+    assert {w.join_prefix for w in phase} == {16}  # one cached block ahead of each join's tokens
     mixed = steps[(steps.phase == "mixed_serving") & (steps.kind == "mixed")]
     joined = mixed[mixed.num_prefill_seqs == 1]
     assert len(mixed) == 127 and len(joined) == 120
