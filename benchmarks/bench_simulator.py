@@ -9,12 +9,15 @@ trace, the simulation, the summary) and of the loop (`run_simulation`), each wit
 (steadier than wall time on a shared machine), x real time and requests per second of the loop,
 peak RSS; then the exponent b of a least-squares fit cost = a * requests^b over the synthetic runs
 (1.0: linear). With --replica-cost, the 100,000-request trace also on one replica at an eighth of the
-rate (the same load a replica), and the loop CPU a request of the 8 replicas over that of one.
+rate (the same load a replica), and the loop CPU a request of the 8 replicas over that of one. With
+--counts, each case runs once more with its loop's events counted (not timed), a request: decode-run
+segments (a held run priced on past another replica's possible arrival is one more), held runs
+priced on, SimPy timeouts (the arrival process's too) and route-ahead refreshes.
 To time an older build against this one, copy this file into a worktree of that build and run it
 there with --profile-dir naming this tree's simulator/profiles (the same profiles), alternating.
 
     python benchmarks/bench_simulator.py [--async-scheduling] [--block-sizes 16,256] [--traces A,B] [--repeat N]
-        [--million | --million-only] [--no-synthetic] [--replica-cost] [--profile-dir DIR]
+        [--million | --million-only] [--no-synthetic] [--replica-cost] [--counts] [--profile-dir DIR]
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Case:
     async_scheduling: bool = False
     rate: float = SYNTHETIC["rate"]  # of a synthetic trace
     profile_dir: str | None = None  # take the shipped profile's file of the same name from here
+    count_events: bool = False  # count the loop's events (`EVENTS`) instead of timing it alone
 
     def as_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -72,6 +76,38 @@ class Measured:
     process_s: float
     process_cpu_s: float
     peak_rss_bytes: int
+    counts: dict | None = None  # --counts: the loop's events
+
+
+# What --counts counts: (name, module, class, method, whether a call counts only when it ran steps)
+EVENTS = (
+    ("run segments", "simulator.fast_forward", "FastForwardScheduler", "fast_forward", True),
+    ("run segments", "simulator.fast_forward", "FastForwardScheduler", "postprocess_and_fast_forward", True),
+    ("held runs priced on", "simulator.fast_forward", "FastForwardScheduler", "_extend_held", False),
+    ("SimPy timeouts", "simpy.core", "Environment", "timeout", False),
+    ("route-ahead refreshes", "simulator.sim", "RouteAhead", "refresh", False),
+)
+
+
+def count_events() -> dict[str, int]:
+    """Wrap the methods of `EVENTS` to count their calls; the counts, filled as the loop runs."""
+    import importlib
+
+    counts = dict.fromkeys((name for name, *_ in EVENTS), 0)
+
+    def counted(name: str, method, ran_steps: bool):
+        def call(*args, **kwargs):
+            out = method(*args, **kwargs)
+            if not ran_steps or out[0]:
+                counts[name] += 1
+            return out
+
+        return call
+
+    for name, module, cls, attr, ran_steps in EVENTS:
+        owner = getattr(importlib.import_module(module), cls)
+        setattr(owner, attr, counted(name, getattr(owner, attr), ran_steps))
+    return counts
 
 
 # ---- the child: one simulation, as `kvplan simulate --quiet` runs it -------------------------------
@@ -105,6 +141,7 @@ def run_child(case: Case) -> dict:
     profile = default_profile("qwen3-0.6b", "H200", case.block_size, 1, case.async_scheduling)
     if profile is not None and case.profile_dir is not None:
         profile = Path(case.profile_dir) / profile.name
+    counts = count_events() if case.count_events else None
     t0, c0 = time.perf_counter(), time.process_time()
     result = run_simulation(trace, config, profile=profile)
     loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -116,6 +153,7 @@ def run_child(case: Case) -> dict:
         "loop_s": loop_s,
         "loop_cpu_s": loop_cpu_s,
         "steps": s["sim_steps"],
+        **({"counts": counts} if counts is not None else {}),
     }
 
 
@@ -188,6 +226,14 @@ def print_table(rows: list[Measured]) -> None:
         )
 
 
+def print_counts(rows: list[Measured]) -> None:
+    """The loop's events a request, per case (--counts)."""
+    names = list(dict.fromkeys(name for name, *_ in EVENTS))
+    print(f"{'events a request':<42}" + "".join(f"{n:>23}" for n in names))
+    for m in rows:
+        print(f"{m.case.label:<42}" + "".join(f"{m.counts[n] / m.requests:>23.3f}" for n in names))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--block-sizes", default="16", help="block sizes of the shipped-trace runs")
@@ -212,6 +258,12 @@ def main() -> None:
         help="the shipped profiles' files of the same name from this folder (e.g. this tree's "
         "simulator/profiles, with the script copied into an older tree's worktree to time that build)",
     )
+    p.add_argument(
+        "--counts",
+        action="store_true",
+        help="also run each case once with its loop's events counted: run segments, held runs priced on, "
+        "SimPy timeouts and route-ahead refreshes a request",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -232,6 +284,8 @@ def main() -> None:
                 f"loop CPU a request, {many[0].case.num_replicas} replicas against 1 at the same load: "
                 f"{per_many * 1e6:.0f} us / {per_one * 1e6:.0f} us = {per_many / per_one:.2f}x"
             )
+    if args.counts:
+        print_counts([measure(replace(case, count_events=True)) for case in cases(args)])
     if len(synthetic) >= 2:
         n = [m.requests for m in synthetic]
         loop = fitted_exponent(n, [m.loop_s for m in synthetic])

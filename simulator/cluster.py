@@ -59,12 +59,14 @@ def least_outstanding_needs(outstanding: int, index: int, others: list[int]) -> 
     the router would choose before `index` now must be sent at least one, and one arrival goes to
     one replica, so at least that many arrivals go elsewhere before `index` can be chosen."""
     lead = count = 0
-    for q, o in enumerate(others):
-        if q != index:
-            need = outstanding + (q < index) - o
-            if need > 0:
-                lead += need
-                count += 1
+    for o in others[:index]:  # a lower index is chosen first at a tie
+        if o <= outstanding:
+            lead += outstanding + 1 - o
+            count += 1
+    for o in others[index + 1 :]:
+        if o < outstanding:
+            lead += outstanding - o
+            count += 1
     return lead, count
 
 

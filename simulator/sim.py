@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from operator import call
+from operator import attrgetter, call
 
 import numpy as np
 import pandas as pd
@@ -186,6 +186,9 @@ class NextArrival:
     event_time: float = -math.inf
 
 
+_get_outstanding_tokens = attrgetter("outstanding_tokens")
+
+
 class RouteAhead:
     """Which arrival a replica's decode runs must stop at, where the router tells before it chooses:
     round_robin sends arrival i to replica i mod R; least_outstanding reads only outstanding tokens,
@@ -245,7 +248,7 @@ class RouteAhead:
         if self.round_robin:
             self._set(replica.own, i + len(self.replicas))
         else:
-            self.outstanding = [r.outstanding_tokens for r in self.replicas]
+            self.outstanding = list(map(_get_outstanding_tokens, self.replicas))
             replica.own_stale = True
 
     def refresh(self, replica) -> None:

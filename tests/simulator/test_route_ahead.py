@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import traces
 from simulator.cluster import least_outstanding_lead
@@ -195,6 +197,20 @@ def test_least_outstanding_needs_one_arrival_for_each_replica_chosen_first():
     assert least_outstanding_needs(100, 1, [40, 999, 90, 150]) == (61 + 10, 2)
     assert least_outstanding_needs(100, 1, [101, 999, 100, 150]) == (0, 0)
     assert least_outstanding_needs(0, 2, [0, 0, 0]) == (2, 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=2, max_size=9), st.data())
+def test_least_outstanding_needs_is_its_definition(others, data):
+    """Against the rule read straight: replica q (not `index`) is chosen first while it holds fewer
+    tokens, or as many from a lower index; it must be sent the difference (plus one below `index`)."""
+    from simulator.cluster import least_outstanding_needs
+
+    index = data.draw(st.integers(0, len(others) - 1))
+    outstanding = data.draw(st.integers(0, 45))
+    needs = [outstanding + (q < index) - o for q, o in enumerate(others) if q != index]
+    want = (sum(n for n in needs if n > 0), sum(1 for n in needs if n > 0))
+    assert least_outstanding_needs(outstanding, index, others) == want
 
 
 @pytest.mark.parametrize("num_kv_blocks", [400, 120])  # 120: runs capped before preemptions
