@@ -119,10 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     if taken:
         raise SystemExit(f"--out {out}: {', '.join(taken)} already exist; choose other names or folder")
     gpu = detected_gpu(args)
-    failed = 0
     gc_log = GcLog() if args.gc_log else None
     if gc_log is not None:
         gc.callbacks.append(gc_log)
+    try:
+        return serve_all(args, gpu, out, gc_log)
+    finally:
+        if gc_log is not None:
+            gc.callbacks.remove(gc_log)
+
+
+def serve_all(args: argparse.Namespace, gpu: str, out: Path, gc_log: GcLog | None) -> int:
+    """Every --run on one engine, a failed one reported and the next run still served; 1 if any failed."""
+    failed = 0
     with tempfile.TemporaryDirectory() as tmp, open_llm(args, tmp) as llm:
         print(f"engine up: freeze_gc={llm.freeze_gc}, {gc.get_freeze_count()} objects frozen", flush=True)
         for run in args.runs:
@@ -134,9 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # report and go on: the other runs still count
                 failed += 1
                 print(f"{run[0]}: FAILED {type(exc).__name__}: {exc}", flush=True)
-                if (
-                    llm.has_unfinished()
-                ):  # an aborted run leaves requests behind: later runs can't start clean
+                # an aborted run leaves requests behind: later runs can't start clean
+                if llm.has_unfinished():
                     print("engine holds unfinished requests; the remaining runs are skipped", flush=True)
                     break
     return 1 if failed else 0

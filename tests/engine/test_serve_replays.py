@@ -53,3 +53,30 @@ def test_two_windows_on_one_engine(tmp_path: Path) -> None:
     assert first["num_cached_tokens"] == 0
     with pytest.raises(SystemExit, match="already exist"):
         sr.main(argv)
+
+
+def test_gc_log_keeps_the_passes_of_its_run(tmp_path: Path) -> None:
+    log = sr.GcLog()
+    log("start", {"generation": 0})
+    log("stop", {"generation": 0})
+    since = log.passes[-1][0] + 1e-9  # a run that starts after that pass
+    log("start", {"generation": 2})
+    log("stop", {"generation": 2})
+    summary = log.write(since, tmp_path / "gc.json")
+    rows = json.loads((tmp_path / "gc.json").read_text())
+    assert [r["generation"] for r in rows] == [2]  # the earlier pass is not this run's
+    assert summary.startswith("gc: 1 passes, 1 full") and "(gen 2)" in summary
+    assert sr.GcLog().write(0.0, tmp_path / "none.json") == "gc: 0 passes, 0 full, 0.000 s in all"
+
+
+def test_serving_with_a_gc_log_writes_each_runs_passes(tmp_path: Path, capsys) -> None:
+    argv = ["--random", "tiny", "--gpu", "H200", "--max-model-len", "4096", "--gc-log"]
+    argv += ["--out", str(tmp_path), "--run", "a", "azure_code_2023", "0:2", "1"]
+    import gc
+
+    callbacks = list(gc.callbacks)
+    assert sr.main(argv) == 0
+    assert gc.callbacks == callbacks  # the log's callback is gone with the command
+    assert isinstance(json.loads((tmp_path / "a" / "gc_pauses.json").read_text()), list)
+    out = capsys.readouterr().out
+    assert "engine up: freeze_gc=True" in out and "  gc: " in out
