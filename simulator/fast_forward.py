@@ -46,6 +46,9 @@ class FastForwardScheduler(Scheduler):
         # calls and `settle` reads its requests or blocks between its segments.
         self.hold_runs = False
         self._held: _HeldRun | None = None
+        # The last run's step end times and the state before it (`RunSpan`): what a simulator needs
+        # to read the blocks, running and waiting requests after any of its steps.
+        self.run_span: RunSpan | None = None
 
     def settle(self) -> None:
         """Apply the held run's steps, if any (see `hold_runs`)."""
@@ -148,8 +151,12 @@ class FastForwardScheduler(Scheduler):
         self.last_run = (*shape, k)
         end = float(times[k])
         if self.hold_runs and k == len(times) - 1 < k_max:  # the deadline stopped it: hold it
-            self._held = _HeldRun(self, decode_times, times, computed, shape, k_max, token_id, max_steps)
+            held = self._held = _HeldRun(
+                self, decode_times, times, computed, shape, k_max, token_id, max_steps
+            )
+            self.run_span = held.span(0, k)
             return k, end, []
+        self.run_span = (times, 0, k, computed, self.block_manager.num_free_blocks, len(self.waiting))
         done = self._advance_run(times[: k + 1], end, token_id, check_stop=k == k_max)
         self._take_and_register_run_blocks(k, computed, near)
         return k, end, self._finish_run(done, end, token_id, k_max - k if k_max < max_steps else None)
@@ -181,11 +188,14 @@ class FastForwardScheduler(Scheduler):
                 self.last_run = (*shape, k)
                 if self.hold_runs and k == len(times) - 1 < k_max:  # stopped by the deadline
                     self.postprocess(batch, [token_id] * batch.num_seqs)  # none finishes in it
-                    self._held = _HeldRun(
+                    held = self._held = _HeldRun(
                         self, decode_times, times, computed, shape, k_max, token_id, max_steps
                     )
+                    self.run_span = held.span(0, k)
                     return k, float(times[k]), []
                 left = k_max - k if k_max < max_steps else None
+                bm = self.block_manager
+                self.run_span = (times, 0, k, computed, bm.num_free_blocks, len(self.waiting))
                 return self._run_after_step(times[: k + 1], k == k_max, computed, near, token_id, left)
         finished = self.postprocess(batch, [token_id] * batch.num_seqs)
         return 0, now, finished
@@ -207,6 +217,7 @@ class FastForwardScheduler(Scheduler):
             self._apply_held()
             return 0, start, []
         self.last_run = (n, context + k0 * n, longest + k0, k)
+        self.run_span = held.span(k0, total)
         end = float(times[total])
         if total == len(times) - 1 < held.k_max:  # the deadline stopped it again
             return k, end, []
@@ -556,7 +567,17 @@ class _HeldRun:
     and shape before it, its step limit, token and max_steps, and what it may go on with: the same
     waiting requests (a blocked head whose prefix the run's cap checks, or none)."""
 
-    __slots__ = ("decode_times", "times", "computed", "shape", "k_max", "token_id", "max_steps", "waiting")
+    __slots__ = (
+        "decode_times",
+        "times",
+        "computed",
+        "shape",
+        "k_max",
+        "token_id",
+        "max_steps",
+        "waiting",
+        "num_free_blocks",
+    )
 
     def __init__(self, sched, decode_times, times, computed, shape, k_max, token_id, max_steps) -> None:
         self.decode_times = decode_times
@@ -567,6 +588,11 @@ class _HeldRun:
         self.token_id = token_id
         self.max_steps = max_steps
         self.waiting = (len(sched.waiting), sched.waiting[0] if sched.waiting else None)
+        self.num_free_blocks = sched.block_manager.num_free_blocks  # before the run's blocks
+
+    def span(self, first: int, last: int) -> RunSpan:
+        """The `RunSpan` of this run's steps first + 1 .. last."""
+        return (self.times, first, last, self.computed, self.num_free_blocks, self.waiting[0])
 
     def goes_on(self, sched, decode_times, start: float, token_id: int, max_steps: int) -> bool:
         """Whether a `fast_forward(decode_times, start, ..., token_id, max_steps)` of `sched` is this
@@ -612,6 +638,21 @@ def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:
 
 
 DecodeTimes = Callable[[int, int, int, int, float, float], Seq[float]]
+
+# Steps first + 1 .. last of a decode run (from its start, step 0) and the state before it:
+# (times, first, last, computed, num_free_blocks, num_waiting), `times` the run's step end times
+# from its start (times[0]), `computed` the running requests' computed tokens. Inside a run no
+# request finishes, is admitted or preempted: after its step j < last these requests run, as many
+# wait, and each holds the blocks of its tokens (`run_used_blocks`).
+RunSpan = tuple[Seq[float], int, int, list[int], int, int]
+
+
+def run_used_blocks(span: RunSpan, num_blocks: int, block_size: int, j: int) -> int:
+    """Blocks in use (of `num_blocks`) after step j of the run of `span`: those before it, and each
+    request's blocks opened by its steps 1..j (a plain decode's blocks cover its computed tokens)."""
+    computed = span[3]
+    opened = sum(-(-(c + j) // block_size) for c in computed) - sum(-(-c // block_size) for c in computed)
+    return num_blocks - span[4] + opened
 
 
 def accumulate_decode_times(

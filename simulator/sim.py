@@ -39,7 +39,7 @@ from engine.records import request_record
 from engine.sampling_params import SamplingParams
 from simulator.cluster import LeastOutstandingRouter, RoundRobinRouter, least_outstanding_needs, make_router
 from simulator.config import SimConfig
-from simulator.fast_forward import FastForwardScheduler, accumulate_decode_times
+from simulator.fast_forward import FastForwardScheduler, RunSpan, accumulate_decode_times, run_used_blocks
 from simulator.latency.base import LatencyModel
 from simulator.lazy_blocks import LazyBlockManager
 from simulator.metrics import ITLBins
@@ -604,6 +604,10 @@ class Replica:
                     self.own_stale = True
             self.clock = end
             if batch is None:
+                if k > 1:  # timeline rows due at the run's steps before its last (see `_sample_run`)
+                    span = sched.run_span
+                    if span[0][span[2] - 1] - self._last_sample >= interval:
+                        self._sample_run(span)
                 if stepped:
                     counters.num_steps += 1
                     counters.busy_s += step_s
@@ -711,19 +715,44 @@ class Replica:
         seq.block_hashes = []
 
     def _sample(self) -> None:
-        """Bin the recorded inter-token gaps once they are many; a timeline row once one is due."""
+        """Bin the recorded inter-token gaps once they are many; a timeline row once one is due.
+
+        Rows go at the first step end at least `timeline_interval_s` after the row before, as a
+        simulation that steps one by one takes them: after a segment here, and inside the runs that
+        cross that time (`_sample_run`), so where runs stop changes no row."""
         sched = self.scheduler
         if len(sched.itl_runs.times) >= 1 << 16 or len(sched.itl_gaps) >= 65536:
             self.itl.fold(sched)
         if self.clock - self._last_sample >= self.config.timeline_interval_s:
             sched.settle()  # the blocks a held run takes
-            self._last_sample = self.clock
-            s, waiting = self.scheduler, self.scheduler.num_waiting
-            if self.inbox:  # async: arrived requests the scheduler has not seen yet wait too
-                waiting += sum(1 for r in self.inbox if r[0] <= self.clock)
-            self.timeline.append(
-                (self.clock, self.index, self.block_manager.num_used_blocks, s.num_running, waiting)
+            self._timeline_row(
+                self.clock, self.block_manager.num_used_blocks, sched.num_running, sched.num_waiting
             )
+
+    def _sample_run(self, span: RunSpan) -> None:
+        """The timeline rows due at the steps of the run of `span` before its last step (the state
+        after each, from `span`: see `RunSpan`)."""
+        times, first, last = span[0], span[1], span[2]
+        interval, bm = self.config.timeline_interval_s, self.block_manager
+        num_running = len(span[3])
+        j = first + 1
+        while j < last:
+            since = self._last_sample
+            j = bisect_left(times, True, j, last, key=lambda t: t - since >= interval)
+            if j == last:
+                return
+            used = run_used_blocks(span, bm.num_blocks, bm.block_size, j)
+            self._timeline_row(float(times[j]), used, num_running, span[5])
+            j += 1
+
+    def _timeline_row(self, time_s: float, used_blocks: int, num_running: int, num_waiting: int) -> None:
+        """A timeline row at `time_s` (`num_waiting`: the scheduler's waiting requests then)."""
+        self._last_sample = time_s
+        if self.inbox:  # async: requests that arrived before, which the scheduler has not seen
+            # yet, wait too (one arriving at `time_s` itself is not counted: the row then does not
+            # depend on the order in which SimPy runs the arrival and this replica's step end)
+            num_waiting += sum(1 for r in self.inbox if r[0] < time_s)
+        self.timeline.append((time_s, self.index, used_blocks, num_running, num_waiting))
 
 
 def _decode_times(latency):
