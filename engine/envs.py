@@ -154,7 +154,8 @@ VARIABLES: dict[str, EnvVar] = {
         EnvVar(
             "KVPLAN_FREEZE_GC", SWITCH, True,
             "what start-up built is moved out of Python's garbage collector's reach (as vLLM does), so "
-            "a full collection never pauses a step (`LLM(freeze_gc=...)` wins)",
+            "a full collection no longer walks it in the middle of a step (a 0.4 s pause without); "
+            "`LLM(freeze_gc=...)` wins",
         ),
         EnvVar(
             "KVPLAN_TP_PORT", PORT, None,
