@@ -47,13 +47,10 @@ def run(args: argparse.Namespace) -> int:
 def price(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from simulator.latency.profile import LatencyProfile, load_latency_model
+    from simulator.latency.profile import LatencyProfile
     from simulator.validate import step_residuals
 
-    profile = LatencyProfile.load(args.profile)
-    model = load_latency_model(
-        args.profile, profile.model_spec(), profile.gpu, profile.tp, profile.block_size
-    )
+    model = LatencyProfile.load(args.profile).to_latency_model()
     steps = step_residuals(pd.read_parquet(args.records), model)
     steps = steps[steps["kind"].isin(["mixed", "decode"])]
     steps = steps.assign(decodes=pd.cut(steps["num_decode_seqs"], DECODE_BINS))

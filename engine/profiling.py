@@ -25,6 +25,7 @@ covers (`envelope`) and the device-time estimate (simulator/calibration.py price
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -162,8 +163,7 @@ def long_workloads(limits: SweepLimits) -> list[Workload]:
             if b > n_docs or chunk <= 0:
                 continue
             steps = sum(cdiv(n, chunk) for n in joins) + DECODE_STEPS // 4
-            fits = sum(docs[:b]) + b * (steps + bs) + sum(joins) + 2 * bs <= limits.kv_tokens
-            if fits and docs[b - 1] + steps < limits.max_model_len:
+            if _joins_fit(limits, docs[:b], joins, steps) and docs[b - 1] + steps < limits.max_model_len:
                 out.append(
                     Workload(
                         "mixed", b, docs[0], steps, phase="mixed_long", lengths=tuple(docs[:b]), joins=joins
@@ -204,11 +204,17 @@ def mixed_serving_workloads(limits: SweepLimits, docs: list[int]) -> list[Worklo
         joins = tuple(n for n in MIXED_SERVING_JOINS if n + b <= limits.max_num_batched_tokens)
         prefix = limits.block_size if docs[0] >= limits.block_size else 0
         steps = len(joins) + DECODE_STEPS // 4
-        room = b * (steps + limits.block_size) + sum(joins) + 2 * limits.block_size
-        if joins and sum(lengths) + room <= limits.kv_tokens and lengths[0] + steps < limits.max_model_len:
+        if joins and _joins_fit(limits, lengths, joins, steps) and lengths[0] + steps < limits.max_model_len:
             shape = dict(lengths=lengths, joins=joins, join_prefix=prefix)
             out.append(Workload("mixed", b, lengths[0], steps, phase="mixed_serving", **shape))
     return out
+
+
+def _joins_fit(limits: SweepLimits, lengths: Seq[int], joins: Seq[int], steps: int) -> bool:
+    """Whether the cache holds a running batch of `lengths` decoding `steps` tokens (a block of room
+    each) beside the `joins` prompts and two blocks more."""
+    bs = limits.block_size
+    return sum(lengths) + len(lengths) * (steps + bs) + sum(joins) + 2 * bs <= limits.kv_tokens
 
 
 def design(limits: SweepLimits) -> list[Workload]:
