@@ -14,6 +14,7 @@ from collections.abc import Sequence as Seq
 from operator import attrgetter, sub
 
 from engine.core.block_manager import ROOT_HASH
+from engine.core.config import cdiv
 from engine.core.scheduler import _NO_TIME, ChunkedPolicy, ScheduledBatch, Scheduler, _stop_reason
 from engine.core.sequence import Sequence, SequenceStatus
 from simulator.lazy_blocks import LazyBlockManager
@@ -651,7 +652,7 @@ def run_used_blocks(span: RunSpan, num_blocks: int, block_size: int, j: int) -> 
     """Blocks in use (of `num_blocks`) after step j of the run of `span`: those before it, and each
     request's blocks opened by its steps 1..j (a plain decode's blocks cover its computed tokens)."""
     computed = span[3]
-    opened = sum(-(-(c + j) // block_size) for c in computed) - sum(-(-c // block_size) for c in computed)
+    opened = sum(cdiv(c + j, block_size) - cdiv(c, block_size) for c in computed)
     return num_blocks - span[4] + opened
 
 
