@@ -118,6 +118,12 @@ VARIABLES: dict[str, EnvVar] = {
             field="prefill_graphs",
         ),
         EnvVar(
+            "KVPLAN_STEP_GRAPHS", SWITCH, True,
+            "prefill and mixed steps of at most 2,048 tokens replay as one CUDA graph each, attention "
+            "included, where the backend allows (FlashAttention-4); piecewise with `0`",
+            field="step_graphs",
+        ),
+        EnvVar(
             "KVPLAN_PDL", SWITCH, True,
             "programmatic dependent launch of the Triton kernels (sm_90+, ≤ 16 rows)",
             field="pdl",
@@ -200,6 +206,7 @@ class KernelConfig:
     decode_fine_splits: bool | None = _default("decode_fine_splits")
     layer_kernels: str | None = _default("layer_kernels")
     prefill_graphs: bool | None = _default("prefill_graphs")
+    step_graphs: bool | None = _default("step_graphs")
     pdl: bool | None = _default("pdl")
     gemv_prefetch: bool | None = _default("gemv_prefetch")
     triton_argmax: bool | None = _default("triton_argmax")

@@ -35,6 +35,7 @@ from engine.piecewise import PiecewiseForward, SegmentBuffers, Segments, token_b
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.staging import StagingRing
+from engine.step_graphs import StepGraphs, StepMetadataBuffers, step_graph_shapes
 
 DEFAULT_CPU_KV_BLOCKS = 512
 
@@ -72,6 +73,9 @@ def resolve_kernels(
         decode_fine_splits=backend.decode_fine_splits if split else None,
         layer_kernels=layer_impl(device, asked.layer_kernels),
         prefill_graphs=use_graphs and bool(asked.prefill_graphs),
+        step_graphs=use_graphs
+        and bool(asked.prefill_graphs and asked.step_graphs)
+        and backend.step_graph_safe,
         pdl=pdl.enabled(device, bool(asked.pdl)),
         gemv_prefetch=cuda and bool(asked.gemv_prefetch),
         triton_argmax=cuda and argmax.available() and bool(asked.triton_argmax),
@@ -147,6 +151,7 @@ class ModelRunner:
         self.last_graph_batch_size = 0
         self.last_graph_num_tokens = 0
         self.piecewise: PiecewiseForward | None = None
+        self.step_graphs: StepGraphs | None = None
         use_graphs = self.cuda and not enforce_eager and getattr(backend, "graph_safe", False)
         self.kernels = resolve_kernels(
             kernels or KernelConfig.from_env(), backend, device, tp_size, use_graphs
@@ -388,12 +393,21 @@ class ModelRunner:
         return graph, out, graph.pool() if pool is None else pool
 
     def capture_piecewise(self) -> None:
-        """Piecewise graphs of prefill/mixed steps for every token bucket (engine/piecewise.py)."""
+        """Piecewise graphs of prefill/mixed steps for every token bucket (engine/piecewise.py), and
+        whole-step graphs of the small ones where the kernels allow (engine/step_graphs.py)."""
         buckets = token_buckets(self.max_num_batched_tokens)
         buffers = SegmentBuffers.allocate(self.model, buckets[-1], self.dtype, self.device)
         segments = Segments(self.model, buffers, copy_kv=self.backend.reads_new_kv)
         self.piecewise = PiecewiseForward(segments, buckets)
-        self.piecewise.capture()
+        pool = self.piecewise.capture()
+        if self.kernels.step_graphs:
+            shapes = step_graph_shapes(buckets, self.max_num_seqs)
+            width = cdiv(self.max_model_len, self.block_size)
+            meta = StepMetadataBuffers.allocate(
+                max(s for _, s in shapes), width, width * self.block_size, self.device
+            )
+            self.step_graphs = StepGraphs(self.model, buffers, meta, shapes)
+            self.step_graphs.capture(pool)
 
     def _graph_size(self, batch: ScheduledBatch) -> int:
         if not self.graphs or batch.kind != "decode" or not all(batch.do_sample):
@@ -482,6 +496,9 @@ class ModelRunner:
         self.last_graph_num_tokens = 0
         if graph_bs:
             hidden = self._replay(inputs, graph_bs)
+        elif (shape := self._step_graph_shape(inputs)) is not None:
+            hidden = self.step_graphs.forward(inputs, shape)[inputs.logits_indices]
+            self.last_graph_num_tokens = shape[0]
         elif self.piecewise is not None and inputs.attn.num_tokens <= self.piecewise.max_num_tokens:
             hidden, self.last_graph_num_tokens = self.piecewise.forward(inputs)
             hidden = hidden[inputs.logits_indices]
@@ -491,6 +508,9 @@ class ModelRunner:
             hidden = hidden[inputs.logits_indices]
         self.last_graph_batch_size = graph_bs
         return hidden, inputs
+
+    def _step_graph_shape(self, inputs: StepInputs) -> tuple[int, int] | None:
+        return None if self.step_graphs is None else self.step_graphs.shape_for(inputs)
 
     def compile_count(self) -> int:
         """Kernel variants compiled so far (attention backend, the Triton kernels, torch.compile graphs)."""
@@ -508,6 +528,9 @@ class ModelRunner:
         if self.piecewise is not None:
             self.piecewise.close()
             self.piecewise = None
+        if self.step_graphs is not None:
+            self.step_graphs.close()
+            self.step_graphs = None
         self.graphs.clear()
         self.graph_sizes = []
         self.graph_outputs.clear()

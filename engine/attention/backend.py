@@ -29,6 +29,10 @@ class AttentionBackend:
     name = "base"
     graph_safe = False  # True when forward() can be captured in a CUDA graph
     reads_new_kv = True  # False when forward() reads keys/values only from the cache, never k/v
+    # True when a whole prefill/mixed step can be captured at padded host shapes (engine/step_graphs.py):
+    # its varlen kernel takes every length from device tensors, host values only as upper bounds,
+    # and sequences without queries or keys compute nothing
+    step_graph_safe = False
 
     @classmethod
     def from_config(cls, kernels: KernelConfig | None = None) -> AttentionBackend:

@@ -29,6 +29,7 @@ class FlashAttnCuteBackend(AttentionBackend):
     name = "flash_attn_cute"
     graph_safe = True  # its kernels read only device tensors: capturable in CUDA graphs
     reads_new_kv = False  # pages only (page_table)
+    step_graph_safe = True  # grid from q's rows and the batch; lengths from cu_seqlens_q / seqused_k
 
     def __init__(
         self,

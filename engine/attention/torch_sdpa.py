@@ -41,6 +41,8 @@ class TorchSDPABackend(AttentionBackend):
         tables = metadata.block_tables
         start = 0
         for i, (q_len, ctx) in enumerate(zip(metadata.query_lens_cpu, metadata.context_lens_cpu)):
+            if q_len == 0:  # a padding sequence (engine/step_graphs.py): no queries, no keys
+                continue
             blocks = tables[i, : -(-ctx // block_size)].long()
             keys = k_cache[blocks].flatten(0, 1)[:ctx]
             values = v_cache[blocks].flatten(0, 1)[:ctx]

@@ -168,7 +168,10 @@ def test_resolve_on_a_cuda_device_follows_each_switch(monkeypatch, field):
         asked = KernelConfig.from_env({name: str(int(value))})
         got = resolve_kernels(asked, _fa4(asked), cuda, 1, use_graphs=True)
         everything_on = KernelConfig(decode_kernel="triton", layer_kernels="triton")
-        assert got == dataclasses.replace(everything_on, **{field: value}), (name, value)
+        expected = dataclasses.replace(everything_on, **{field: value})
+        if field == "prefill_graphs":  # whole-step graphs are captured beside the piecewise ones
+            expected = dataclasses.replace(expected, step_graphs=value)
+        assert got == expected, (name, value)
 
 
 def test_resolve_turns_off_what_cannot_run(monkeypatch):
@@ -179,6 +182,10 @@ def test_resolve_turns_off_what_cannot_run(monkeypatch):
     assert got.decode_kernel == "fa4" and got.decode_balanced is None and got.decode_fine_splits is None
     assert got.fused_head_argmax is False  # tensor parallel: no fused head
     assert got.prefill_graphs is False  # no decode graphs (enforce_eager): no piecewise ones
+    assert got.step_graphs is False
+    assert (
+        resolve_kernels(asked, TorchSDPABackend(), cuda, 1, True).step_graphs is False
+    )  # not step-graph safe
     assert resolve_kernels(asked, TorchSDPABackend(), cuda, 1, True).decode_kernel is None
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert resolve_kernels(asked, TorchSDPABackend(), cuda, 1, True).pdl is False
