@@ -28,6 +28,7 @@ import traces
 from engine.model_spec import ModelSpec
 from simulator import plan, sweep, validate
 from simulator.config import SimConfig
+from simulator.defaults import profile_of_engine
 from simulator.latency import LatencyModel, LatencyProfile, StepShape, load_gpu_specs
 from simulator.latency.profile import PROFILE_FORMAT
 from simulator.load import NO_LOAD, Load, load_verdict, run_load
@@ -1277,7 +1278,8 @@ def load_validation(
 
 def matching_profile(folder: str | Path, kind: str) -> Path | None:
     """The shipped profile of the engine that served a replay folder: its run.json's model, GPU, TP,
-    block size and async scheduling, and the same decode kernel. None for other kinds of run, runs
+    block size and async scheduling, the same decode kernel, and its engine choices
+    (`simulator.defaults.profile_of_engine`: a superseded profile for a replay of an older engine). None for other kinds of run, runs
     whose run.json does not say which decode kernel served them (older ones), or no such profile."""
     if kind != REPLAY:
         return None
@@ -1297,6 +1299,7 @@ def matching_profile(folder: str | Path, kind: str) -> Path | None:
         return None
     if path is None:
         return None
+    path = profile_of_engine(path, meta)  # the engine's own: superseded where the engine changed since
     extra = LatencyProfile.load(path).extra
     same = extra.get("decode_kernel") == kernel and bool(extra.get("async_scheduling")) == async_scheduling
     return path if same else None

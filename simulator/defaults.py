@@ -4,6 +4,9 @@ model of a configuration (its shipped fitted profile, else the transferred model
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 DEFAULT_TRACE = "azure_conv_2023"
@@ -13,6 +16,10 @@ SHIPPED_PROFILE_DIR = Path(__file__).parent / "profiles"
 # The transferred latency model's coefficients (simulator/latency/transfer.py), fitted on the shipped
 # H200 sweeps: what a configuration without a fitted profile is priced with.
 TRANSFER_MODEL = SHIPPED_PROFILE_DIR / "transfer_h200.json"
+# Engine choices that change what a step costs and that a profile and a replay record (the engine's
+# kernel choices; absent: the engine before the choice existed, i.e. off). A replay is priced on a
+# profile of the same choices (`profile_of_engine`).
+ENGINE_CHOICES = ("step_graphs",)
 
 
 def default_profile(
@@ -40,3 +47,23 @@ def default_latency_file(
     where one matches (`default_profile`), else the transferred model's coefficients
     (`TRANSFER_MODEL`), which price any model, GPU, TP and block size."""
     return default_profile(model, gpu, block_size, tp, async_scheduling) or TRANSFER_MODEL
+
+
+def profile_of_engine(profile: Path, engine: Mapping) -> Path:
+    """`profile`, or where its recorded ENGINE_CHOICES differ from `engine`'s (a replay's run.json),
+    the newest superseded profile of the same name (simulator/profiles/superseded/NAME_DATE.json)
+    recorded with `engine`'s choices; `profile` itself when none is."""
+    want = _choices(engine)
+    if _choices(json.loads(profile.read_text()).get("extra", {})) == want:
+        return profile
+    dated = re.compile(re.escape(profile.stem) + r"_\d{4}-\d{2}-\d{2}(_\d{4})?\.json")
+    matches = []
+    for path in (profile.parent / "superseded").glob(f"{profile.stem}_*.json"):
+        meta = json.loads(path.read_text())
+        if dated.fullmatch(path.name) and _choices(meta.get("extra", {})) == want:
+            matches.append((meta.get("created", ""), path))
+    return max(matches)[1] if matches else profile
+
+
+def _choices(record: Mapping) -> tuple:
+    return tuple(bool(record.get(k) or False) for k in ENGINE_CHOICES)

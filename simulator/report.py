@@ -30,10 +30,13 @@ def _latency(s: dict) -> str:
     if not s.get("profile"):
         return kind
     text = f"{kind} {'model' if kind == 'transferred' else 'profile'} {s['profile']}"
-    calibrated = s.get("profile_num_kv_blocks")
-    if calibrated:
-        text += f" (calibrated on a cache of {calibrated:,} KV blocks)"
-    return text
+    calibrated, graphs = s.get("profile_num_kv_blocks"), s.get("profile_step_graphs")
+    notes = [f"calibrated on a cache of {calibrated:,} KV blocks"] if calibrated else []
+    if graphs is not None:  # the engine's default since whole-step graphs: say when a profile predates them
+        notes.append(
+            "whole-step graphs" if graphs else "piecewise graphs: the engine's default is whole-step graphs"
+        )
+    return f"{text} ({', '.join(notes)})" if notes else text
 
 
 def _extrapolation(s: dict) -> str:

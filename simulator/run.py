@@ -223,8 +223,9 @@ def latency_kind(latency: LatencyModel) -> str:
 def latency_provenance(latency: LatencyModel, profile: str | Path | None = None) -> dict:
     """The summary entries naming the latency model behind a run: `latency_model` (its kind),
     `profile` (the fitted profile's file name, None for the roofline), `profile_path`, and the
-    calibration's own KV cache (`profile_num_kv_blocks`: a fact of the profile, not the run's);
-    for a `ScaledModel` (a band's run) also its factors, `step_time_scale_decode` / `_prefill`."""
+    calibration's own KV cache (`profile_num_kv_blocks`: a fact of the profile, not the run's) and
+    whether its engine ran small prefill and mixed steps as whole-step graphs (`profile_step_graphs`;
+    None without a fitted profile); for a `ScaledModel` (a band's run) also its factors, `step_time_scale_decode` / `_prefill`."""
     from simulator.latency.scaled import ScaledModel
 
     prof = getattr(latency, "profile", None)
@@ -234,6 +235,7 @@ def latency_provenance(latency: LatencyModel, profile: str | Path | None = None)
         "profile": Path(profile).name if profile else None,
         "profile_path": str(profile) if profile else None,
         "profile_num_kv_blocks": calibrated,
+        "profile_step_graphs": None if prof is None else bool(prof.extra.get("step_graphs")),
     }
     if isinstance(latency, ScaledModel):
         out["step_time_scale_decode"] = latency.decode

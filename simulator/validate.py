@@ -19,7 +19,7 @@ import pandas as pd
 
 from engine.model_spec import ModelSpec
 from simulator.config import SimConfig
-from simulator.defaults import default_latency_file
+from simulator.defaults import TRANSFER_MODEL, default_latency_file, profile_of_engine
 from simulator.latency.base import StepShape
 from simulator.latency.profile import check_profile_file, load_latency_model
 from simulator.metrics import add_latencies, summarize
@@ -365,16 +365,20 @@ def format_matrix(matrix: pd.DataFrame) -> str:
 
 def validate_profile(name: str | None, run_dir: str | Path) -> Path | None:
     """A validate --profile: a file, 'roofline' (also the default) or 'auto' (the shipped profile
-    of the replay's model, GPU, TP, block size and scheduling, else the transferred model's file)."""
+    of the replay's model, GPU, TP, block size and scheduling, recorded on an engine of the replay's
+    choices (`profile_of_engine`: a superseded one where the engine has changed since), else the
+    transferred model's file)."""
     if name in (None, "roofline"):
         return None
     if name == "auto":
-        config = sim_config_for(read_run(run_dir)[0])
-        return default_latency_file(
+        meta = read_run(run_dir)[0]
+        config = sim_config_for(meta)
+        path = default_latency_file(
             config.model.name,
             config.gpu,
             config.block_size,
             config.tensor_parallel_size,
             config.async_scheduling,
         )
+        return path if path == TRANSFER_MODEL else profile_of_engine(path, meta)
     return check_profile_file(name)

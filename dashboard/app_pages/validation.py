@@ -75,7 +75,12 @@ kinds = {str(p): k for p, k in runs}
 c1, c2 = st.columns([2, 1])
 folder = c1.selectbox("Run", list(labels), format_func=labels.__getitem__, key="val_run")
 kind = kinds[folder]
-profiles = [str(p) for p in logic.profile_files(SHIPPED_PROFILE_DIR, *(p for p, _ in runs))]
+profiles = [
+    str(p)
+    for p in logic.profile_files(
+        SHIPPED_PROFILE_DIR, SHIPPED_PROFILE_DIR / "superseded", *(p for p, _ in runs)
+    )
+]
 if st.session_state.get("val_profile_run") != folder:  # a new run: its own engine's shipped profile
     st.session_state["val_profile_run"] = folder
     match = logic.matching_profile(folder, kind)

@@ -353,7 +353,8 @@ def test_validation_runs(validation_root, monkeypatch):
 
 def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
     """On the shipped H200 replays, a run opens with the profile of the engine that served it: the
-    `_async` one for an async-scheduling replay (azure_code's 12x window then meets all 7 targets), the synchronous one
+    `_async` one for an async-scheduling replay (azure_code's 12x window, a replay of the engine before
+    whole-step graphs, on that engine's, then meets all 7 targets), the synchronous one
     for the synchronous replays, and the roofline for a run whose run.json names no decode kernel."""
     from simulator.defaults import SHIPPED_PROFILE_DIR
 
@@ -362,6 +363,9 @@ def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
     at = app_on("validation")
     expected = {
         "h200_qwen3-0.6b_bs16_async_azure-code_x12": str(
+            SHIPPED_PROFILE_DIR / "superseded" / "qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_1222.json"
+        ),  # a replay of the engine before whole-step graphs: the profile of that engine
+        "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x1": str(
             SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
         ),
         "h200_qwen3-0.6b_bs256_light": str(SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"),

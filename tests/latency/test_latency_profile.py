@@ -262,9 +262,9 @@ def test_kvplan_fit_refits_a_shipped_profile(tmp_path, capsys) -> None:
 
 def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     """The shipped block-16 `_async` profile (records of an engine scheduling asynchronously, with
-    `overlapped` steps) refits from its records (to 1e-9: `_same_fit`), sync, block-table and
-    prefix-hit terms included, and loads into a model whose overlapped view drops them; `default_profile` picks it
-    for async scheduling where it exists."""
+    `overlapped` steps) refits from its records (to 1e-9: `_same_fit`), sync and block-table terms
+    included, and loads into a model whose overlapped view drops them; it was fitted without the
+    prefix-hit term, which a flag adds; `default_profile` picks it for async scheduling where it exists."""
     from simulator.cli import main
     from simulator.defaults import SHIPPED_PROFILE_DIR, default_profile
     from simulator.latency.fitted import ASYNC_DECODE_FEATURES, PREFIX_FEATURES, TABLE_FEATURES
@@ -278,18 +278,19 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     assert _same_fit(refit.decode.coefficients, original.decode.coefficients)
     assert _same_floors(refit.floors, original.floors)
     # the prefix-hit term follows --like's profile unless a flag says otherwise
-    assert refit.prefill.features[-1] == PREFIX_FEATURES[0]
+    assert PREFIX_FEATURES[0] not in refit.prefill.features
     assert _same_fit(refit.prefill.coefficients, original.prefill.coefficients)
+    with_term = tmp_path / "with_term.json"
+    assert main(["fit", "--records", str(records), "--like", str(shipped), "--prefix-hit-term",
+                 "--out", str(with_term)]) == 0  # fmt: skip
+    assert LatencyProfile.load(with_term).prefill.features[-1] == PREFIX_FEATURES[0]
     plain = tmp_path / "plain.json"
-    assert main(["fit", "--records", str(records), "--like", str(shipped), "--no-prefix-hit-term",
-                 "--out", str(plain)]) == 0  # fmt: skip
-    assert PREFIX_FEATURES[0] not in LatencyProfile.load(plain).prefill.features
     assert main(["fit", "--records", str(records), "--like", str(shipped), "--prefix-hit-term",
                  "--no-prefix-hit-term", "--out", str(plain)]) == 2  # fmt: skip
     model = original.to_latency_model()
     (sync, sync_per_row), per_entry = model.sync_coefficients, model.table_coefficient
-    # 0.48 ms + 2.7 us a padded row + 15.7 ns a block-table entry
-    assert 4.5e-4 < sync < 5e-4 and 2.5e-6 < sync_per_row < 3e-6 and 1.5e-8 < per_entry < 1.6e-8
+    # 0.28 ms + 1.5 us a padded row + 6.9 ns a block-table entry
+    assert 2.7e-4 < sync < 2.9e-4 and 1.4e-6 < sync_per_row < 1.6e-6 and 6.8e-9 < per_entry < 7e-9
     gap = model.decode_step_time(100, 120_000, 4000) - model.overlapped_model().decode_step_time(
         100, 120_000, 4000
     )

@@ -113,9 +113,14 @@ def test_simulate_header_names_the_cache_source_and_the_latency_model(capsys):
         "config: Qwen3-0.6B on 1 x H200 (tp=1), block 16, 72,145 KV blocks/replica (GPU memory), "
         "max_num_seqs 256, max_num_batched_tokens 16384, chunked, router round_robin"
     )
-    assert (
-        lines[2]
-        == "latency: fitted profile qwen3-0.6b_h200_tp1_bs16.json (calibrated on a cache of 71,457 KV blocks)"
+    assert lines[2] == (
+        "latency: fitted profile qwen3-0.6b_h200_tp1_bs16.json (calibrated on a cache of 71,457 KV blocks, "
+        "whole-step graphs)"
+    )
+    assert main(["simulate", "--limit", "5", "--quiet", "--block-size", "256"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == (
+        "latency: fitted profile qwen3-0.6b_h200_tp1_bs256.json (calibrated on a cache of 4,466 KV blocks, "
+        "piecewise graphs: the engine's default is whole-step graphs)"
     )
     assert (
         main(["simulate", "--limit", "5", "--quiet", "--num-kv-blocks", "8192", "--profile", "roofline"]) == 0

@@ -1,0 +1,45 @@
+"""A replay is priced on a profile of its own engine (simulator.defaults.profile_of_engine): where the
+shipped profile records other engine choices, the newest superseded one of the same name that matches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from simulator.defaults import SHIPPED_PROFILE_DIR, profile_of_engine
+from simulator.validate import validate_profile
+
+VALIDATION = Path(__file__).resolve().parents[2] / "simulator" / "data" / "validation"
+
+
+def _profile(path: Path, created: str, **extra) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"created": created, "extra": extra}))
+    return path
+
+
+def test_the_newest_superseded_profile_of_the_replays_engine(tmp_path):
+    shipped = _profile(tmp_path / "m_bs16.json", "2026-12-02T18:00:00+00:00", step_graphs=True)
+    old = tmp_path / "superseded"
+    _profile(old / "m_bs16_2026-11-30.json", "2026-11-30T10:00:00+00:00")
+    newest = _profile(old / "m_bs16_2026-12-02_1222.json", "2026-12-02T12:22:00+00:00", step_graphs=False)
+    _profile(old / "m_bs16_async_2026-12-02.json", "2026-12-02T13:00:00+00:00")  # another name
+    _profile(old / "m_bs16_2026-12-02_1700.json", "2026-12-02T17:00:00+00:00", step_graphs=True)
+    assert profile_of_engine(shipped, {"step_graphs": True}) == shipped
+    assert profile_of_engine(shipped, {}) == newest  # a replay from before the choice existed
+    assert profile_of_engine(shipped, {"step_graphs": False}) == newest
+    assert profile_of_engine(newest, {"step_graphs": False}) == newest
+    lone = _profile(tmp_path / "n_bs16.json", "2026-12-02T18:00:00+00:00", step_graphs=True)
+    assert profile_of_engine(lone, {}) == lone  # nothing matches: the shipped one
+
+
+def test_validate_auto_pairs_replays_with_their_engines_profile():
+    pairs = {
+        "h200_qwen3-0.6b_bs16_azure-conv_x4b": "superseded/qwen3-0.6b_h200_tp1_bs16_2026-12-02_1222.json",
+        "h200_qwen3-0.6b_bs16_async_azure-conv_x4b": "superseded/qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_1222.json",
+        "h200_qwen3-0.6b_bs16_sg_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16.json",
+        "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16_async.json",
+        "h200_qwen3-0.6b_bs256_async_azure-conv_x4b": "qwen3-0.6b_h200_tp1_bs256_async.json",
+    }
+    for run, profile in pairs.items():
+        assert validate_profile("auto", VALIDATION / run) == SHIPPED_PROFILE_DIR / profile, run
