@@ -229,6 +229,8 @@ def calibrate(
             **llm.kernel_choices(),
             "freeze_gc": llm.freeze_gc,
             "source": "benchmarks/calibrate.py",
+            # the step records the fit saw, as written beside the profile (the fit ranges name them)
+            **({} if fit_replays else {"records": f"steps_{tag}.parquet"}),
             "sweep_envelope": envelope(records, block_size),
             "sweep_estimate_s": {k: round(v, 1) for k, v in plan.estimate.items()},
             **({"fit_replays": args.fit_replays, "trace": args.trace} if fit_replays else {}),

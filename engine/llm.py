@@ -76,7 +76,9 @@ class LLM:
     the kernels' large compile caches in the middle of a step (a one-time pause of 0.33-0.43 s a
     serving process without it: docs/PERF.md, "The real engine's own spread").
     `prefill_graphs` (default $KVPLAN_PREFILL_GRAPHS, else on) runs prefill and mixed steps through
-    piecewise CUDA graphs (engine/piecewise.py) whenever decode steps use graphs.
+    piecewise CUDA graphs (engine/piecewise.py) whenever decode steps use graphs, and those of at
+    most 2,048 tokens as whole-step graphs, attention included, where the backend allows
+    ($KVPLAN_STEP_GRAPHS, default on; engine/step_graphs.py).
     `async_scheduling` overlaps the host's work for a decode step (postprocess, schedule, inputs,
     launch) with the device's work for the step before it (see `_InFlight`); tokens, schedules and
     step shapes are those of the synchronous loop. Off by default: the shipped latency profiles were

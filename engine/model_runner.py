@@ -1,7 +1,8 @@
 """ModelRunner: turns a `ScheduledBatch` into sampled token ids on one device (one rank).
 
 It owns the model, the KV cache, the sampler and the CUDA graphs (whole decode steps per batch size;
-prefill and mixed steps piecewise per token bucket, attention eager: engine/piecewise.py). At start
+prefill and mixed steps piecewise per token bucket, attention eager: engine/piecewise.py; small ones
+whole per token and sequence bucket where the backend allows: engine/step_graphs.py). At start
 it loads the weights (this rank's shard), sizes the KV cache from the memory a warm-up forward leaves
 (CUDA; the smallest over the ranks) or takes the given block count (CPU), compiles every kernel
 variant a run can hit, and captures the graphs. Under tensor parallelism every rank runs the same start-up and

@@ -115,35 +115,6 @@ def test_greedy_agrees_with_hf_teacher_forced(gpu_checkpoints, arch, block_size)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_piecewise_graphs_match_eager(gpu_checkpoints, arch):
-    """A mixed step (decodes beside a chunk over a cached prefix) through the piecewise graphs gives
-    the eager forward's logits within bf16 rounding, and the same greedy tokens."""
-    prompts = _prompts(1)
-    logits = {}
-    for graphs in (True, False):
-        with _engine(gpu_checkpoints[arch], prefill_graphs=graphs, max_num_batched_tokens=512) as llm:
-            for prompt in prompts:
-                llm.add_request(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-            for _ in range(50):
-                batch = llm.scheduler.schedule()
-                chunk_with_context = any(
-                    c > 0 for c, p in zip(batch.num_computed_tokens, batch.is_prefill) if p
-                )
-                if batch.kind == "mixed" and batch.num_decode_seqs >= 2 and chunk_with_context:
-                    break
-                tokens = llm.runner.run(batch)  # token 0 everywhere: both runs see the same inputs
-                llm.scheduler.postprocess(batch, [0 if t >= 0 else t for t in tokens])
-            else:
-                pytest.fail("no mixed step with decodes and a chunk over context")
-            out, _ = llm.runner.compute_logits(batch)
-            assert (llm.runner.last_graph_num_tokens > 0) is graphs
-            logits[graphs] = out.float()
-    a, b = logits[True], logits[False]
-    assert ((a - b).norm() / b.norm()).item() < 1e-2
-    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.9
-
-
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_step_graphs_match_piecewise_and_eager(gpu_checkpoints, arch, monkeypatch):
     """The same mixed step (decodes beside a chunk over a cached prefix) through a whole-step graph,
     the piecewise graphs and eagerly: logits within bf16 rounding, the same greedy tokens."""
@@ -169,6 +140,7 @@ def test_step_graphs_match_piecewise_and_eager(gpu_checkpoints, arch, monkeypatc
             else:
                 pytest.fail("no mixed step with decodes and a chunk over context")
             out, inputs = llm.runner.compute_logits(batch)
+            assert (llm.runner.last_graph_num_tokens > 0) is (mode != "eager")
             if mode == "step":
                 shape = llm.runner.step_graphs.shape_for(inputs)
                 assert shape is not None and shape[1] > batch.num_seqs  # padded sequences too

@@ -68,6 +68,7 @@ def test_eager_and_graph_flags_on_cpu(checkpoints):
             "decode_fine_splits": None,
             "layer_kernels": "torch",
             "prefill_graphs": "eager",
+            "step_graphs": False,
             "async_scheduling": False,
             "pdl": False,
             "gemv_prefetch": False,

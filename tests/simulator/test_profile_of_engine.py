@@ -39,7 +39,9 @@ def test_validate_auto_pairs_replays_with_their_engines_profile():
         "h200_qwen3-0.6b_bs16_async_azure-conv_x4b": "superseded/qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_1222.json",
         "h200_qwen3-0.6b_bs16_sg_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16.json",
         "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16_async.json",
-        "h200_qwen3-0.6b_bs256_async_azure-conv_x4b": "qwen3-0.6b_h200_tp1_bs256_async.json",
+        "h200_qwen3-0.6b_bs256_async_azure-conv_x4b": "superseded/qwen3-0.6b_h200_tp1_bs256_async_2026-12-02_1222.json",
+        "h200_qwen3-0.6b_bs256_async_sg_azure-conv_x8": "qwen3-0.6b_h200_tp1_bs256_async.json",
+        "h200_qwen3-0.6b_bs256_light": "qwen3-0.6b_h200_tp1_bs256.json",  # the piecewise engine's, still shipped
     }
     for run, profile in pairs.items():
         assert validate_profile("auto", VALIDATION / run) == SHIPPED_PROFILE_DIR / profile, run
