@@ -264,6 +264,45 @@ class SplitKV:
         return out
 
 
+def split_run_consts(split_kv: SplitKV, b: int) -> tuple[int, int, int, int]:
+    """(grid splits, balance programs, unit tokens, kv heads) of a balanced `split_kv` at padded
+    batch size `b`: what `split_run` reads."""
+    grid = grid_splits(b, split_kv.num_kv_heads, split_kv.num_sms)
+    return (
+        grid,
+        balance_programs(split_kv.num_sms, True, grid),
+        split_unit(split_kv.split_block_size),
+        split_kv.num_kv_heads,
+    )
+
+
+def split_run(
+    consts: tuple[int, int, int, int], b: int, num_context_tokens: int, max_seq_len: int, num_seqs: int
+) -> tuple[int, int]:
+    """(`SplitKV.divisor` of this decode step in plain integer arithmetic, steps that keep it) at
+    padded batch size `b` (`consts`: `split_run_consts` of b): a run whose context grows by
+    `num_seqs` tokens and its longest sequence by one a step keeps its split count until the
+    longest sequence passes a unit boundary or the step's keys per balanced program pass one."""
+    grid, balance, unit, heads = consts
+    units = (max_seq_len + unit - 1) // unit or 1
+    hold = units * unit + 1 - max_seq_len  # max_seq_len in ((units - 1) * unit, units * unit]
+    if units < grid:
+        grid = units
+    wanted = grid
+    if balance:
+        keys = (num_context_tokens + b) * heads
+        target = ((keys + balance - 1) // balance + unit - 1) // unit or 1
+        wanted = (units + target - 1) // target
+        if wanted > grid:
+            wanted = grid
+        if num_seqs:  # keys in ((target - 1) * balance * unit, target * balance * unit]
+            same_target = (target * balance * unit - keys) // (num_seqs * heads) + 1
+            if same_target < hold:
+                hold = same_target
+    per_split = (units + wanted - 1) // wanted
+    return (units + per_split - 1) // per_split, hold
+
+
 def longest_split_divisor(split_kv: SplitKV | None, padded_batch_size: int) -> int:
     """What max_seq_len is divided by for the longest_split feature when splits depend on the batch
     size only: the kernel's splits, else 1."""
@@ -433,41 +472,14 @@ class FittedModel(LatencyModelBase):
         return self._split_run(b, num_context_tokens, max_seq_len, 0)[0]
 
     def _split_run(self, b: int, num_context_tokens: int, max_seq_len: int, num_seqs: int) -> tuple[int, int]:
-        """(splits of this decode step, steps that keep them): a run whose context grows by
-        `num_seqs` tokens and its longest sequence by one a step keeps its split count until the
-        longest sequence passes a unit boundary or the step's keys per balanced program pass one."""
-        grid, balance, unit, heads = self._split_consts_of(b)
-        units = (max_seq_len + unit - 1) // unit or 1
-        hold = units * unit + 1 - max_seq_len  # max_seq_len in ((units - 1) * unit, units * unit]
-        if units < grid:
-            grid = units
-        wanted = grid
-        if balance:
-            keys = (num_context_tokens + b) * heads
-            target = ((keys + balance - 1) // balance + unit - 1) // unit or 1
-            wanted = (units + target - 1) // target
-            if wanted > grid:
-                wanted = grid
-            if num_seqs:  # keys in ((target - 1) * balance * unit, target * balance * unit]
-                same_target = (target * balance * unit - keys) // (num_seqs * heads) + 1
-                if same_target < hold:
-                    hold = same_target
-        per_split = (units + wanted - 1) // wanted
-        return (units + per_split - 1) // per_split, hold
+        """`split_run` at padded batch size `b`, with its constants memoised."""
+        return split_run(self._split_consts_of(b), b, num_context_tokens, max_seq_len, num_seqs)
 
     def _split_consts_of(self, b: int) -> tuple[int, int, int, int]:
-        """(grid splits, balance programs, unit tokens, kv heads) at padded batch size `b`, memoised."""
+        """`split_run_consts` at padded batch size `b`, memoised."""
         consts = self._split_consts.get(b)
         if consts is None:
-            kv = self.split_kv
-            grid = grid_splits(b, kv.num_kv_heads, kv.num_sms)
-            consts = (
-                grid,
-                balance_programs(kv.num_sms, True, grid),
-                split_unit(kv.split_block_size),
-                kv.num_kv_heads,
-            )
-            self._split_consts[b] = consts
+            consts = self._split_consts[b] = split_run_consts(self.split_kv, b)
         return consts
 
     def _intercept(self, b: int) -> float:

@@ -59,6 +59,8 @@ from simulator.latency.fitted import (
     fit_floor,
     graph_padded_batch_size,
     max_graph_batch_size,
+    split_run,
+    split_run_consts,
 )
 from simulator.latency.gpus import GpuSpec, canonical_gpu_name, get_gpu
 from simulator.latency.roofline import RooflineEfficiency, RooflineModel
@@ -382,6 +384,7 @@ class TransferredModel(LatencyModelBase):
         self._splits_of_b: dict[int, int] = {}  # unbalanced kernel: padded b -> splits
         self._split_consts: dict[int, tuple[int, int]] = {}  # balanced: padded b -> (unit, balance)
         self._split_memo: dict[tuple[int, int, int], int] = {}  # (b, units, target units) -> splits
+        self._run_consts: dict[int, tuple[int, int, int, int]] = {}  # balanced: b -> split_run_consts
         self._overlapped_model: TransferredModel | None = None
 
     def __repr__(self) -> str:
@@ -481,21 +484,43 @@ class TransferredModel(LatencyModelBase):
         start: float,
         deadline: float,
     ) -> list[float]:
-        """The reference loop with `decode_step_time` inlined: its float operations, in its order."""
+        """The reference loop with `decode_step_time` inlined: its float operations, in its order,
+        the longest split's coefficient (entry + split / splits) computed once a stretch of steps
+        that keep their splits (`split_run`; all of the run where splits depend on b only)."""
         b = self._padded(num_seqs)
         base, entry = self._base_of(b)
-        kv, split, splits_of = self._kv, self._split, self._splits
+        kv, split = self._kv, self._split
         times = [start]
         append = times.append
-        t, ctx, length = start, num_context_tokens, max_seq_len
-        for _ in range(max_steps):
-            if t >= deadline:
-                break
-            t = t + (base + kv * ctx + (entry + split / splits_of(b, ctx, length)) * length)
-            append(t)
-            ctx += num_seqs
-            length += 1
+        # counts as floats: integers, exact (as in the int * float of decode_step_time)
+        t, c, m, step = start, float(num_context_tokens), float(max_seq_len), float(num_seqs)
+        consts = self._run_consts_of(b) if self._balanced else None
+        ctx, length, left = num_context_tokens, max_seq_len, max_steps
+        while left > 0 and t < deadline:
+            if consts is None:
+                splits, n = self._splits(b, ctx, length), left
+            else:
+                splits, hold = split_run(consts, b, ctx, length, num_seqs)
+                n = hold if hold < left else left
+            coef = entry + split / splits
+            for _ in range(n):
+                if t >= deadline:
+                    break
+                t = t + (base + kv * c + coef * m)
+                append(t)
+                c += step
+                m += 1.0
+            left -= n
+            ctx += n * num_seqs
+            length += n
         return times
+
+    def _run_consts_of(self, b: int) -> tuple[int, int, int, int]:
+        """`split_run_consts` of this model's balanced kernel at padded batch size `b`, memoised."""
+        consts = self._run_consts.get(b)
+        if consts is None:
+            consts = self._run_consts[b] = split_run_consts(self.split_kv, b)
+        return consts
 
     def _decode_step_array(
         self, num_seqs: int, num_context_tokens: int, max_seq_len: int, num_steps: int

@@ -1,11 +1,14 @@
-"""Runs of decode steps priced by a balanced split-KV fitted model: the stretch-wise scalar phase and
-the whole `decode_step_times` give the reference loop's floats exactly, over long runs too."""
+"""Runs of decode steps priced by a balanced split-KV fitted or transferred model: the stretch-wise
+scalar phase and the whole `decode_step_times` give the reference loop's floats exactly, long runs too."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator.defaults import TRANSFER_MODEL
 from simulator.fast_forward import accumulate_decode_times
 from simulator.latency.fitted import (
     DECODE_FEATURES,
@@ -15,6 +18,8 @@ from simulator.latency.fitted import (
     SplitKV,
     StepFloors,
 )
+from simulator.latency.transfer import TransferCoefficients, TransferredModel
+from simulator.models import resolve_model
 
 # decode: const, padded batch, context, max_seq_len, b * max_seq_len, longest split, multi-row
 _DECODE = (1.1e-3, 2.0e-6, 3.0e-9, 1.0e-8, 2.0e-11, 6.0e-7, 1.5e-4)
@@ -109,3 +114,37 @@ def test_numpy_pass_prices_each_step_as_decode_step_time(
         model.decode_step_time(num_seqs, context + j * num_seqs, max_len + j) for j in range(num_steps)
     ]
     assert _hex(got) == _hex(expected)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    heads=st.sampled_from([1, 2, 8]),
+    block=st.sampled_from([16, 32, 256]),
+    gpu=st.sampled_from(["h200", "h100"]),
+    balanced=st.booleans(),
+    num_seqs=st.integers(1, 600),
+    context=st.integers(0, 2_000_000),
+    max_len=st.integers(0, 40_000),
+    max_steps=st.integers(0, 3000),
+    start=st.floats(0.0, 1e5, allow_nan=False),
+    horizon=st.floats(-1.0, 20.0, allow_nan=False),
+)
+def test_transferred_runs_match_the_reference_loop(
+    heads, block, gpu, balanced, num_seqs, context, max_len, max_steps, start, horizon
+) -> None:
+    """The shipped transferred model's scalar phase, which prices a stretch of steps that keep their
+    splits with one coefficient (`split_run`), and `decode_step_times` end every step on the
+    reference's float, balanced kernel or not."""
+    model = _transferred(heads, block, gpu, balanced)
+    args = (num_seqs, context, max_len, max_steps, start, start + horizon)
+    expected = _hex(accumulate_decode_times(model.decode_step_time, *args))
+    assert _hex(model._leading_decode_times(*args)) == expected
+    assert _hex(model.decode_step_times(*args)) == expected
+
+
+def _transferred(heads: int, block: int, gpu: str, balanced: bool) -> TransferredModel:
+    """The shipped transferred model of a toy model with `heads` kv heads on `gpu`, with the balanced
+    kernel of the engine or the batch-size rule."""
+    model = replace(resolve_model("qwen3-0.6b"), num_kv_heads=heads, num_heads=heads * 2)
+    split_kv = SplitKV(heads, 132, block, balanced=True) if balanced else SplitKV(heads, 132)
+    return TransferredModel(TransferCoefficients.load(TRANSFER_MODEL), model, gpu, 1, block, split_kv)
