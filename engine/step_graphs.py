@@ -7,7 +7,8 @@ speed. Here a step of n tokens over s sequences runs padded to a captured shape 
 rows n..T store nothing (slot -1) and belong to no sequence, sequences s..B have no query and no keys
 (cu_seqlens_q repeats n, context length 0). The kernels read every length from device tensors, so
 the replay computes the real step; the shapes' host values (T rows, B sequences, max_seqlen_q = T,
-max_seqlen_k = the table's width) are upper bounds. Only backends with `step_graph_safe` qualify.
+max_seqlen_k = the block table's width in tokens) are upper bounds. Only backends with
+`step_graph_safe` qualify.
 """
 
 from __future__ import annotations
