@@ -53,17 +53,18 @@ def profile_of_engine(profile: Path, engine: Mapping) -> Path:
     """`profile`, or where its recorded ENGINE_CHOICES differ from `engine`'s (a replay's run.json),
     the newest superseded profile of the same name (simulator/profiles/superseded/NAME_DATE.json)
     recorded with `engine`'s choices; `profile` itself when none is."""
-    want = _choices(engine)
-    if _choices(json.loads(profile.read_text()).get("extra", {})) == want:
+    want = engine_choices(engine)
+    if engine_choices(json.loads(profile.read_text()).get("extra", {})) == want:
         return profile
     dated = re.compile(re.escape(profile.stem) + r"_\d{4}-\d{2}-\d{2}(_\d{4})?\.json")
     matches = []
     for path in (profile.parent / "superseded").glob(f"{profile.stem}_*.json"):
         meta = json.loads(path.read_text())
-        if dated.fullmatch(path.name) and _choices(meta.get("extra", {})) == want:
+        if dated.fullmatch(path.name) and engine_choices(meta.get("extra", {})) == want:
             matches.append((meta.get("created", ""), path))
     return max(matches)[1] if matches else profile
 
 
-def _choices(record: Mapping) -> tuple:
-    return tuple(bool(record.get(k) or False) for k in ENGINE_CHOICES)
+def engine_choices(record: Mapping) -> tuple[bool, ...]:
+    """ENGINE_CHOICES as a profile's extra or a replay's run.json records them (absent: off)."""
+    return tuple(bool(record.get(k)) for k in ENGINE_CHOICES)

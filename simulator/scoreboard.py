@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.defaults import ENGINE_CHOICES
+from simulator.defaults import engine_choices
 from simulator.plan import parse_objectives, search_max_scale, violations
 from simulator.validate import TARGETS, read_run, sim_config_for, validate_run
 
@@ -136,20 +136,15 @@ def simulated_knee(base_run: Path, base_scale: float, profile: Path | None, slo:
 
 
 def engine_key(run_dir: Path) -> tuple:
-    """What a replay's capacity depends on besides its traffic: model, GPU, TP, scheduling and KV cache
-    (its run.json). Only replays of one key bracket a knee."""
+    """What a replay's capacity depends on besides its traffic: model, GPU, TP, scheduling, KV cache
+    and engine choices (its run.json; `engine_choices`). Only replays of one key bracket a knee."""
     meta = json.loads((run_dir / "run.json").read_text())
-    return (meta["model"]["name"], *(str(_engine_value(meta, k)) for k in _ENGINE_KEY))
-
-
-def _engine_value(meta: dict, key: str) -> object:
-    """run.json's `key`; an engine choice a replay does not record was off (it did not exist yet)."""
-    return bool(meta.get(key)) if key in ENGINE_CHOICES else meta.get(key)
+    return (meta["model"]["name"], *(str(meta.get(k)) for k in _ENGINE_KEY), *map(str, engine_choices(meta)))
 
 
 _ENGINE_KEY = (
     "gpu", "tensor_parallel_size", "block_size", "num_kv_blocks", "enable_prefix_caching", "max_num_seqs",
-    "max_num_batched_tokens", "max_model_len", "policy", "async_scheduling", *ENGINE_CHOICES,
+    "max_num_batched_tokens", "max_model_len", "policy", "async_scheduling",
 )  # fmt: skip
 
 
