@@ -19,7 +19,7 @@ import pandas as pd
 
 from engine.model_spec import ModelSpec
 from simulator.config import SimConfig
-from simulator.defaults import TRANSFER_MODEL, default_latency_file, profile_of_engine
+from simulator.defaults import default_latency_file, profile_of_engine
 from simulator.latency.base import StepShape
 from simulator.latency.profile import check_profile_file, load_latency_model
 from simulator.metrics import add_latencies, summarize
@@ -380,5 +380,5 @@ def validate_profile(name: str | None, run_dir: str | Path) -> Path | None:
             config.tensor_parallel_size,
             config.async_scheduling,
         )
-        return path if path == TRANSFER_MODEL else profile_of_engine(path, meta)
+        return profile_of_engine(path, meta)
     return check_profile_file(name)
