@@ -187,11 +187,21 @@ def run_suite(suite: Suite, profile_for, progress: bool = True) -> tuple[pd.Data
     profiles = {r.run.name: profile_for(r.run) for r in suite.replays}
     rows = pd.DataFrame(
         [
-            {**score_replay(r, profiles[r.run.name]), "profile": _name(profiles[r.run.name])}
+            {
+                **score_replay(r, profiles[r.run.name]),
+                "profile": _name(profiles[r.run.name]),
+                "shipped": is_shipped(profiles[r.run.name]),
+            }
             for r in tqdm(suite.replays, desc="scoring", unit="replay", disable=not progress)
         ]
     )
     return rows, family_rows(suite, rows, profiles)
+
+
+def is_shipped(profile: Path | None) -> bool:
+    """Whether a replay is scored on a profile that ships today (the roofline included), not on a
+    superseded one kept for the replays of the engine it was fitted on."""
+    return profile is None or Path(profile).parent.name != "superseded"
 
 
 def _name(profile: Path | None) -> str:
@@ -216,7 +226,7 @@ def format_scoreboard(suite: Suite, rows: pd.DataFrame, families: pd.DataFrame) 
             line += f" {r['mape']:>6.1%} {_pct(r['repeat_spread']):>7}  {r['profile'].removesuffix('.json')}"
             lines.append(line)
     held = rows[rows["held_out"]]
-    lines += ["", _total("held-out", held)]
+    lines += ["", _total("held-out", held), _total("  on the shipped profiles", held[held["shipped"]])]
     if held["profile"].nunique() > 1:
         lines += [_total(f"  {name.removesuffix('.json')}", group) for name, group in held.groupby("profile")]
     lines += [_total("not held-out", rows[~rows["held_out"]]), ""]

@@ -368,8 +368,16 @@ def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
         "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x1": str(
             SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
         ),
-        "h200_qwen3-0.6b_bs256_light": str(SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"),
-        "h200_qwen3-8b_bs16_async_x3": str(SHIPPED_PROFILE_DIR / "qwen3-8b_h200_tp1_bs16_async.json"),
+        "h200_qwen3-0.6b_bs256_light": str(
+            SHIPPED_PROFILE_DIR / "superseded" / "qwen3-0.6b_h200_tp1_bs256_2026-12-02_0721.json"
+        ),
+        "h200_qwen3-0.6b_bs256_sg_azure-conv_x8": str(SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"),
+        "h200_qwen3-8b_bs16_async_x3": str(
+            SHIPPED_PROFILE_DIR / "superseded" / "qwen3-8b_h200_tp1_bs16_async_2026-12-02_0721.json"
+        ),
+        "h200_qwen3-8b_bs16_async_sg_azure-conv_x1": str(
+            SHIPPED_PROFILE_DIR / "qwen3-8b_h200_tp1_bs16_async.json"
+        ),
         "h200_qwen3-0.6b_bs16_fa4decode_light": "roofline / none",
     }
     for run, profile in expected.items():
