@@ -138,7 +138,7 @@ class FastForwardScheduler(Scheduler):
                 return self._extend_held(deadline)
             self._apply_held()
         running = self.running
-        if not running or self._finished_outside_step or not self.waiting_blocked():
+        if not running or self._finished_outside_step or (self.waiting and not self.waiting_blocked()):
             return 0, start, []
         k_max = self._decode_run_limit(max_steps)
         if k_max <= 0:
@@ -179,7 +179,7 @@ class FastForwardScheduler(Scheduler):
         now = self.clock()
         computed: list[int] = []  # after the step
         k_max = 0
-        if not self._finished_outside_step and self.waiting_blocked():
+        if not self._finished_outside_step and (not self.waiting or self.waiting_blocked()):
             k_max = self._run_limit_after_step(batch, max_steps, computed)
         if k_max > 0:
             shape = (len(computed), sum(computed), max(computed) + 1)
@@ -319,7 +319,11 @@ class FastForwardScheduler(Scheduler):
         if self._decode_steps_left is not None:  # nothing changed since a run checked them
             return min(self._decode_steps_left, max_steps)
         if self._plain_decodes:  # the survivors of a run: only their length stops are unknown
-            return min(_fewest_tokens_left(self.running), max_steps)
+            running = self.running  # the fewest tokens any can still get before its length stop
+            return min(
+                min(map(sub, map(_get_stop_num_tokens, running), map(len, map(_get_token_ids, running)))),
+                max_steps,
+            )
         bs = self.block_manager.block_size
         caching = self.block_manager.enable_prefix_caching
         k_max = max_steps
@@ -408,7 +412,11 @@ class FastForwardScheduler(Scheduler):
         order."""
         k = len(times) - 1
         running = self.running
-        new_tokens = _new_tokens(running[0].token_ids, token_id, k if sampled_at is None else k + 1)
+        like, num_new = running[0].token_ids, k if sampled_at is None else k + 1
+        # of the type of the token lists (extending an array by an array of its type copies bytes)
+        new_tokens = (
+            array(like.typecode, [token_id]) * num_new if type(like) is array else [token_id] * num_new
+        )
         first_time = float(times[1]) if sampled_at is None else sampled_at  # of each first new token
         gaps: dict[float, int] = {}  # previous token time -> tokens that had it
         run_last: object = _NO_TIME  # the previous token time of a run of sequences (most share one)
@@ -612,19 +620,6 @@ class _HeldRun:
 _get_num_computed_tokens = attrgetter("num_computed_tokens")
 _get_stop_num_tokens = attrgetter("stop_num_tokens")
 _get_token_ids = attrgetter("token_ids")
-
-
-def _fewest_tokens_left(seqs: list[Sequence]) -> int:
-    """The fewest tokens any of `seqs` can still get before its length stop (in C)."""
-    return min(map(sub, map(_get_stop_num_tokens, seqs), map(len, map(_get_token_ids, seqs))))
-
-
-def _new_tokens(like: list[int] | array, token_id: int, n: int) -> list[int] | array:
-    """n tokens `token_id`, of the type of the token list `like` (extending an array by an array of
-    its type copies bytes; by a list, converts each)."""
-    if type(like) is array:
-        return array(like.typecode, [token_id]) * n
-    return [token_id] * n
 
 
 def _near_block_ends(computed: list[int], block_size: int, k: int) -> list[int]:

@@ -24,7 +24,7 @@ from engine.decode_splits import (
     longest_split_divisor as balanced_divisor,
 )
 from engine.records import STEP_RECORD_COLUMNS
-from simulator.latency.base import BatchShape, LatencyModelBase, StepTime, arange_int64
+from simulator.latency.base import _SCALAR_STEPS, BatchShape, LatencyModelBase, StepTime, arange_int64
 
 DECODE_FEATURES = (
     "const",
@@ -443,6 +443,28 @@ class FittedModel(LatencyModelBase):
         self._balanced = split_kv is not None and split_kv.balanced
         self._length_coefs: dict[tuple[int, int], float] = {}  # (b, splits) -> c3 + c4 * b + c5 / splits
         self._split_consts: dict[int, tuple[int, int, int, int]] = {}  # b -> (grid, balance, unit, heads)
+        # a balanced run's constants by its batch: num_seqs -> (b, the decode time of no tokens, split consts)
+        self._balanced_runs: dict[int, tuple[int, float, tuple[int, int, int, int]]] = {}
+        if self._balanced and not self._table:  # short runs straight to their loop (the usual case)
+            self.decode_step_times = self._balanced_decode_step_times
+
+    def _balanced_decode_step_times(
+        self,
+        num_seqs: int,
+        num_context_tokens: int,
+        max_seq_len: int,
+        max_steps: int,
+        start: float,
+        deadline: float,
+    ) -> list[float]:
+        """`decode_step_times` of a balanced model without a table term: a run that it would price
+        step by step goes to `_balanced_decode_times` at once."""
+        if max_steps <= _SCALAR_STEPS or start >= deadline:
+            run = (num_seqs, num_context_tokens, max_seq_len)
+            return _balanced_decode_times(self, run, max_steps, start, deadline)
+        return LatencyModelBase.decode_step_times(
+            self, num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
+        )
 
     def _coefs(self, b: int) -> tuple[float, float]:
         """(the decode time of no tokens, the time per token of max_seq_len) at padded batch size `b`,
@@ -668,15 +690,21 @@ def _balanced_decode_times(
     longest split holds over stretches of steps (`_split_run`): its coefficient is looked up once a
     stretch, not once a step."""
     num_seqs, ctx, length = run
-    b = graph_padded_batch_size(num_seqs, model._gmax)
-    base = model._coefs(b)[0]
+    memo = model._balanced_runs.get(num_seqs)
+    if memo is None:
+        b = graph_padded_batch_size(num_seqs, model._gmax)
+        memo = model._balanced_runs[num_seqs] = (b, model._coefs(b)[0], model._split_consts_of(b))
+    b, base, consts = memo
     d2, floor, step = model._d2, model._decode_floor, float(num_seqs)
     times = [start]
     append = times.append
     t, left = start, max_steps
+    coefs = model._length_coefs
     while left > 0 and t < deadline:
-        splits, hold = model._split_run(b, ctx, length, num_seqs)
-        coef = model._split_length_coef(b, splits)
+        splits, hold = split_run(consts, b, ctx, length, num_seqs)  # `_split_run`, inlined
+        coef = coefs.get((b, splits))
+        if coef is None:
+            coef = model._split_length_coef(b, splits)
         n = hold if hold < left else left
         # counts as floats: integers, exact (as in the int * float of decode_step_time)
         c, m = float(ctx), float(length)

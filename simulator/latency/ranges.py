@@ -171,6 +171,11 @@ class CountingModel:
         self.profile = getattr(model, "profile", None)
         if hasattr(model, "overlapped_model"):
             self.overlapped_model = self._overlapped_model
+        # decode times pass through unchanged: the model's own methods, without a call between
+        self.decode_step_time = model.decode_step_time
+        self.decode_step_times = model.decode_step_times
+        d = ranges.decode
+        self._decode_max = (d.num_seqs, d.num_context_tokens, d.max_seq_len)
 
     def _overlapped_model(self) -> CountingModel:
         overlapped = self.model.overlapped_model()
@@ -184,23 +189,12 @@ class CountingModel:
                 self.count.prefill += 1
         return self.model.predict(batch)
 
-    def decode_step_time(self, num_seqs: int, num_context_tokens: int, max_seq_len: int) -> float:
-        return self.model.decode_step_time(num_seqs, num_context_tokens, max_seq_len)
-
-    def decode_step_times(
-        self,
-        num_seqs: int,
-        num_context_tokens: int,
-        max_seq_len: int,
-        max_steps: int,
-        start: float,
-        deadline: float,
-    ) -> list[float]:
-        return self.model.decode_step_times(
-            num_seqs, num_context_tokens, max_seq_len, max_steps, start, deadline
-        )
-
     def count_run(self, num_seqs: int, num_context_tokens: int, max_seq_len: int, steps: int) -> None:
         """Count the steps outside among a fast-forwarded decode run's `steps` (its shape at its first
         step: `FastForwardScheduler.last_run`); the simulator calls it after each run."""
+        most_seqs, most_context, longest = self._decode_max
+        last = steps - 1  # its last step's context and longest sequence are its largest
+        inside = num_context_tokens + last * num_seqs <= most_context and max_seq_len + last <= longest
+        if inside and num_seqs <= most_seqs:
+            return  # every step inside (the usual case)
         self.count.decode += self.ranges.decode_run_outside(num_seqs, num_context_tokens, max_seq_len, steps)

@@ -97,6 +97,35 @@ def test_a_run_across_many_split_changes_is_exact() -> None:
     assert _hex(model.decode_step_times(*args)) == _hex(expected)
 
 
+@settings(max_examples=20, deadline=None)
+@given(
+    heads=_shapes["heads"],
+    sms=_shapes["sms"],
+    block=_shapes["block"],
+    fine=_shapes["fine"],
+    runs=st.lists(
+        st.tuples(
+            st.integers(1, 40),
+            st.integers(0, 200_000),
+            st.integers(0, 5_000),
+            st.integers(0, 300),
+            st.floats(0.0, 1.0, allow_nan=False),
+        ),
+        min_size=2,
+        max_size=30,
+    ),
+    floor=st.sampled_from([0.0, 1.26e-3]),
+)
+def test_runs_priced_one_after_another_match_the_reference_loop(heads, sms, block, fine, runs, floor) -> None:
+    """One model prices many runs, of batches it has priced before and new ones (its constants
+    kept by batch), each on the reference loop's floats."""
+    model = _model(heads, sms, block, fine, floor)
+    for num_seqs, context, max_len, max_steps, horizon in runs:
+        args = (num_seqs, context, max_len, max_steps, 2.0, 2.0 + horizon)
+        expected = _hex(accumulate_decode_times(model.decode_step_time, *args))
+        assert _hex(model.decode_step_times(*args)) == expected
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     **_shapes,

@@ -158,8 +158,8 @@ def test_containment_of_a_shipped_replay():
     run = PROFILES.parent / "data" / "validation" / "h200_qwen3-0.6b_bs16_async_light"
     rows = replay_containment(run)
     assert [r["metric"] for r in rows] == ["ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"]
-    for r in rows:
-        assert r["profile"] == "qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_1222.json"  # its engine's (piecewise)
+    for r in rows:  # the profile of its engine (piecewise)
+        assert r["profile"] == "qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_1222.json"
         assert r["low"] <= r["sim"] <= r["high"]
         assert r["inside"] == (r["low"] <= r["real"] <= r["high"])
     assert f"of {len(rows)} real figures inside the band" in format_containment(rows)

@@ -13,7 +13,7 @@ import traces
 from simulator.config import SimConfig
 from simulator.defaults import SHIPPED_PROFILE_DIR
 from simulator.latency.profile import LatencyProfile
-from simulator.latency.ranges import FitRanges, KindRange, limit_ranges, profile_fit_ranges
+from simulator.latency.ranges import CountingModel, FitRanges, KindRange, limit_ranges, profile_fit_ranges
 from simulator.run import collect, run_simulation
 from simulator.sim import simulate
 
@@ -49,6 +49,20 @@ def test_decode_run_outside_is_the_step_by_step_count():
         for steps in (0, 1, 3, 50):
             want = sum(SMALL.decode_outside(n, ctx + i * n, length + i) for i in range(steps))
             assert SMALL.decode_run_outside(n, ctx, length, steps) == want, (n, ctx, length, steps)
+
+
+def test_count_run_counts_the_step_by_step_count():
+    """`CountingModel.count_run` (its test for a run wholly inside first) adds what stepping counts,
+    at the edges of each range too."""
+    counting = CountingModel(LatencyProfile.load(PROFILE).to_latency_model(), SMALL)
+    total = 0
+    for n in (1, 2, 7, 8, 9):
+        for ctx in (0, 5000, 5999 - 3 * n, 5999, 6000, 7000):
+            for length in (1, 1950, 1996, 2000, 2001):
+                for steps in (1, 2, 3, 4, 5, 50):
+                    total += sum(SMALL.decode_outside(n, ctx + i * n, length + i) for i in range(steps))
+                    counting.count_run(n, ctx, length, steps)
+                    assert counting.count.decode == total, (n, ctx, length, steps)
 
 
 @pytest.mark.parametrize(
