@@ -171,7 +171,8 @@ def fit_llm_profile(
     extra: dict[str, Any] | None = None,
 ) -> LatencyProfile:
     """`fit_profile` of step records `llm` measured: its model, attention backend, KV cache and decode
-    split policy (`split_kv`), with this package's version."""
+    split policy (`split_kv`), with this package's version; with the span term where the split
+    policy gives the GPU's SMs."""
     return fit_profile(
         records,
         model=llm.spec,
@@ -186,5 +187,6 @@ def fit_llm_profile(
         target=target,
         loss=loss,
         split_kv=split_kv(llm),
+        span=split_kv(llm) is not None,
         extra=extra,
     )

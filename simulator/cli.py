@@ -318,6 +318,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         floors=not args.no_floors,
         host_table=not args.no_host_table,
         prefix_hits=_prefix_hits(args, like),
+        span=_span_term(args, like),
         extra=extra,
     )
     profile.save(args.out)
@@ -335,6 +336,17 @@ def _prefix_hits(args: argparse.Namespace, like: LatencyProfile) -> bool:
     if args.prefix_hit_term or args.no_prefix_hit_term:
         return args.prefix_hit_term
     return PREFIX_FEATURES[0] in like.prefill.features
+
+
+def _span_term(args: argparse.Namespace, like: LatencyProfile) -> bool:
+    """Whether the refit takes the span term: as flagged, else as the --like profile has it."""
+    from simulator.latency.fitted import SPAN_FEATURES
+
+    if args.span_term and args.no_span_term:
+        raise ValueError("--span-term and --no-span-term: give one of them")
+    if args.span_term or args.no_span_term:
+        return args.span_term
+    return SPAN_FEATURES[0] in like.prefill.features
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -460,6 +472,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-prefix-hit-term",
         action="store_true",
         help="leave the prefix-hit term out even where --like's profile has it",
+    )
+    fit.add_argument(
+        "--span-term",
+        action="store_true",
+        help="add attn_span to the prefill/mixed fit: the longest sequence's keys beyond the step's "
+        "keys per SM (short queries over long cached prefixes run as long as the longest sequence; "
+        "its SMs are --like's split_kv's); default: as --like's profile has it",
+    )
+    fit.add_argument(
+        "--no-span-term",
+        action="store_true",
+        help="leave the span term out even where --like's profile has it",
     )
     fit.add_argument(
         "--infer-overlapped",

@@ -60,10 +60,22 @@ PREFILL_FEATURES = (
 # Which StepTime part each feature's contribution is reported under (communication is folded in).
 DECODE_PARTS = ("overhead", "linear", "attention", "attention", "attention", "attention")
 PREFILL_PARTS = ("overhead", "linear", "attention", "attention", "overhead", "overhead", "overhead")
+# (the span term, last where fitted, is reported as attention)
 # The host's time of a prefill or mixed step that grows with its prefix-cache hits (the engine matches
 # a hit prompt's blocks by hash on the host): c x total_num_cached_tokens, fitted where asked.
 PREFIX_FEATURES = ("total_num_cached_tokens",)
 PREFIX_PREFILL_FEATURES = PREFILL_FEATURES + PREFIX_FEATURES
+# The attention span of a prefill or mixed step whose work is too small to fill the GPU: varlen
+# prefill kernels run one program per (query tile, kv head) through all of a sequence's keys, so a
+# few short queries over a long cached prefix take as long as the longest sequence's keys, however
+# little work the step has (`attn_span`, fitted where the profile knows its `AttnSpan`).
+SPAN_FEATURES = ("attn_span",)
+_PREFILL_FEATURE_SETS = (
+    PREFILL_FEATURES,
+    PREFIX_PREFILL_FEATURES,
+    PREFILL_FEATURES + SPAN_FEATURES,
+    PREFIX_PREFILL_FEATURES + SPAN_FEATURES,
+)
 
 RECORD_COLUMNS = STEP_RECORD_COLUMNS
 _REQUIRED = (
@@ -264,6 +276,62 @@ class SplitKV:
         return out
 
 
+@dataclass(frozen=True)
+class AttnSpan:
+    """The geometry of a varlen prefill kernel that gives each (query tile of `tile_rows` rows, kv
+    head) one program over all of its sequence's keys, query heads of a kv head packed in the tile's
+    rows: per TP rank, `num_kv_heads` kv heads with `num_q_per_kv` query heads each, `num_sms` SMs."""
+
+    num_kv_heads: int
+    num_q_per_kv: int
+    num_sms: int
+    tile_rows: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("num_kv_heads", "num_q_per_kv", "num_sms", "tile_rows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"attn_span.{name}: must be a positive integer, got {value!r}")
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "num_kv_heads": self.num_kv_heads,
+            "num_q_per_kv": self.num_q_per_kv,
+            "num_sms": self.num_sms,
+            "tile_rows": self.tile_rows,
+        }
+
+
+def attn_span(span: AttnSpan, num_prefill_seqs, num_prefill_tokens, prefill_attn_work,
+              num_context_tokens, num_decode_seqs, max_seq_len):  # fmt: skip
+    """Keys of the longest sequence beyond the step's keys per SM: max(0, max_seq_len - K / SMs),
+    K = kv heads x (query tiles x keys of each prefill + keys of each decode), from the step's totals
+    (scalars or numpy arrays) as if its prefills had equal chunks: their cached tokens then follow
+    from prefill_attn_work, and the decodes' (a mixed step's) are the rest of num_context_tokens."""
+    seqs = np.maximum(num_prefill_seqs, 1)
+    chunk = num_prefill_tokens / seqs
+    cached = (prefill_attn_work - num_prefill_tokens * (chunk + 1) / 2) / np.maximum(chunk, 1)
+    cached = np.clip(cached, 0, num_context_tokens)
+    tiles = np.maximum(np.ceil(chunk * span.num_q_per_kv / span.tile_rows), 1)
+    keys = span.num_kv_heads * (
+        tiles * (cached + num_prefill_tokens) + (num_context_tokens - cached) + num_decode_seqs
+    )
+    return np.maximum(max_seq_len - keys / span.num_sms, 0.0)
+
+
+def _attn_span_of(span: AttnSpan, batch: BatchShape) -> float:
+    """`attn_span` of one step in plain float arithmetic (the simulator's prefill hot path)."""
+    seqs = batch.num_prefill_seqs or 1
+    tokens, context = batch.num_prefill_tokens, batch.num_context_tokens
+    chunk = tokens / seqs
+    cached = (batch.prefill_attn_work - tokens * (chunk + 1) / 2) / (chunk if chunk > 1 else 1)
+    cached = 0.0 if cached < 0 else (context if cached > context else cached)
+    tiles = -(-chunk * span.num_q_per_kv // span.tile_rows) or 1.0
+    keys = span.num_kv_heads * (tiles * (cached + tokens) + (context - cached) + batch.num_decode_seqs)
+    excess = batch.max_seq_len - keys / span.num_sms
+    return excess if excess > 0 else 0.0
+
+
 def split_run_consts(split_kv: SplitKV, b: int) -> tuple[int, int, int, int]:
     """(grid splits, balance programs, unit tokens, kv heads) of a balanced `split_kv` at padded
     batch size `b`: what `split_run` reads."""
@@ -368,6 +436,9 @@ class FittedModel(LatencyModelBase):
                `overlapped_model()`; `block_size` is the profile's)
     prefill/mixed: c0 + c1 * new tokens + c2 * prefill_attn_work + c3 * num_context_tokens
                    + c4 * num_seqs + c5 * num_decode_seqs
+                   [+ c6 * total_num_cached_tokens (PREFIX_FEATURES)]
+                   [+ c * attn_span (SPAN_FEATURES: the longest sequence's keys that the step's work
+                     per SM does not cover, `attn_span` with the profile's `AttnSpan`)]
     The padded batch size is the CUDA-graph size a decode step runs at (`graph_padded_batch_size`
     with `max_graph_batch_size`; 0 = graphs off, padded size = num_seqs). A step's time is the
     larger of that and its kind's host floor (`floors`; None = no floors, the linear fits alone).
@@ -384,6 +455,7 @@ class FittedModel(LatencyModelBase):
         floors: StepFloors | None = None,
         overlapped: bool = False,
         block_size: int | None = None,
+        attn_span: AttnSpan | None = None,
     ) -> None:
         if tuple(decode.features) in LEGACY_DECODE_FEATURES:
             padding = (0.0,) * (len(DECODE_FEATURES) - len(decode.features))
@@ -393,11 +465,13 @@ class FittedModel(LatencyModelBase):
                 f"decode fit features {list(decode.features)} != expected {list(DECODE_FEATURES)}"
                 f" (or those and {list(SYNC_FEATURES)}, or those and {list(TABLE_FEATURES)})"
             )
-        if tuple(prefill.features) not in (PREFILL_FEATURES, PREFIX_PREFILL_FEATURES):
+        if tuple(prefill.features) not in _PREFILL_FEATURE_SETS:
             raise ValueError(
                 f"prefill fit features {list(prefill.features)} != expected {list(PREFILL_FEATURES)}"
-                f" (or those and {list(PREFIX_FEATURES)})"
+                f" (or those and {list(PREFIX_FEATURES)}, then {list(SPAN_FEATURES)})"
             )
+        if SPAN_FEATURES[0] in prefill.features and attn_span is None:
+            raise ValueError(f"attn_span: a prefill fit with {SPAN_FEATURES[0]} needs the kernel's AttnSpan")
         if max_graph_batch_size < 0:
             raise ValueError(f"max_graph_batch_size: must be >= 0, got {max_graph_batch_size}")
         self.decode = decode
@@ -436,7 +510,11 @@ class FittedModel(LatencyModelBase):
         self._bs = block_size or 1
         self._overlapped_model: FittedModel | None = None
         self._p = tuple(float(c) for c in prefill.coefficients)
-        self._prefix = self._p[6] if len(self._p) > 6 else 0.0  # a second a cached token (0: none)
+        names = tuple(prefill.features)
+        # a second a cached token, a second a key of span (0.0: not fitted)
+        self._prefix = self._p[names.index(PREFIX_FEATURES[0])] if PREFIX_FEATURES[0] in names else 0.0
+        self._span = self._p[names.index(SPAN_FEATURES[0])] if SPAN_FEATURES[0] in names else 0.0
+        self.attn_span = attn_span
         # padded batch -> (c0 + c6 [b > 1] + c1 * b, c3 + c4 * b + c5 / splits)
         self._decode_coefs: dict[int, tuple[float, float]] = {}
         # balanced split-KV: the longest sequence's splits depend on the step's keys, not just b
@@ -528,6 +606,7 @@ class FittedModel(LatencyModelBase):
                 self.floors,
                 overlapped=True,
                 block_size=self.block_size,
+                attn_span=self.attn_span,
             )
         return self._overlapped_model
 
@@ -647,6 +726,8 @@ class FittedModel(LatencyModelBase):
         overhead = p[0] + p[4] * batch.num_seqs + p[5] * batch.num_decode_seqs
         if self._prefix:
             overhead += self._prefix * batch.total_num_cached_tokens
+        if self._span:
+            attention += self._span * _attn_span_of(self.attn_span, batch)
         total = linear + attention + overhead
         floor = self._mixed_floor if batch.kind == "mixed" else self._prefill_floor
         if total < floor:  # host-bound: the time below the floor is host overhead
@@ -878,9 +959,18 @@ def infer_overlapped(frame: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def prefill_features(frame: pd.DataFrame, features: tuple[str, ...] = PREFILL_FEATURES) -> np.ndarray:
-    """Design matrix of prefill/mixed records (columns as `features`: PREFILL_FEATURES, or
-    PREFIX_PREFILL_FEATURES)."""
+def prefill_features(
+    frame: pd.DataFrame, features: tuple[str, ...] = PREFILL_FEATURES, span: AttnSpan | None = None
+) -> np.ndarray:
+    """Design matrix of prefill/mixed records (columns as `features`: PREFILL_FEATURES, then
+    optionally PREFIX_FEATURES and SPAN_FEATURES, the last computed with `span`)."""
+    if SPAN_FEATURES[0] in features:
+        if span is None:
+            raise ValueError(f"{SPAN_FEATURES[0]}: needs the kernel's AttnSpan")
+        rest = prefill_features(frame, tuple(f for f in features if f not in SPAN_FEATURES))
+        cols = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_work", "num_context_tokens")
+        x = [frame[c].to_numpy(dtype=np.float64) for c in (*cols, "num_decode_seqs", "max_seq_len")]
+        return np.column_stack([rest, attn_span(span, *x)])
     return np.column_stack(
         [np.ones(len(frame))] + [frame[c].to_numpy(dtype=np.float64) for c in features[1:]]
     )
@@ -1097,6 +1187,7 @@ def fit_step_records(
     floors: bool = True,
     host_table: bool = True,
     prefix_hits: bool = False,
+    attn_span: AttnSpan | None = None,
 ) -> FittedModel:
     """Fit a `FittedModel` on step records (a DataFrame with CONTRACT.md's step-record columns).
 
@@ -1112,6 +1203,7 @@ def fit_step_records(
     decode fit (`host_table` False: the fit of before TABLE_FEATURES, e.g. to refit a profile made
     then).
     `prefix_hits`: add PREFIX_FEATURES to the prefill/mixed fit (the host's time of prefix-cache hits).
+    `attn_span`: add SPAN_FEATURES to it, with this kernel geometry (None: leave it out).
     `floors`: then fit a host floor per step kind (`fit_floor`, same loss, same training steps, the
     linear coefficients held as fitted); the held-back error is that of max(floor, linear).
     """
@@ -1178,7 +1270,12 @@ def fit_step_records(
     prefill_names = PREFIX_PREFILL_FEATURES if prefix_hits else PREFILL_FEATURES
     if prefix_hits and PREFIX_FEATURES[0] not in pre.columns:
         raise ValueError(f"step records: the prefix-hit term needs the {PREFIX_FEATURES[0]} column")
-    x_pre = prefill_features(pre, prefill_names)
+    if attn_span is not None:
+        missing = [c for c in ("num_prefill_seqs", "num_prefill_tokens") if c not in pre.columns]
+        if missing:
+            raise ValueError(f"step records: the span term needs the column(s) {missing}")
+        prefill_names = prefill_names + SPAN_FEATURES
+    x_pre = prefill_features(pre, prefill_names, attn_span)
     prefill_fit = _fit_kind(
         x_pre, y[~is_decode], prefill_names, seed, holdout_fraction, "prefill/mixed", loss
     )
@@ -1204,5 +1301,12 @@ def fit_step_records(
         holdout_fraction=holdout_fraction,
     )
     return FittedModel(
-        decode_fit, prefill_fit, gmax, summary, split_kv=split_kv, floors=step_floors, block_size=block_size
+        decode_fit,
+        prefill_fit,
+        gmax,
+        summary,
+        split_kv=split_kv,
+        floors=step_floors,
+        block_size=block_size,
+        attn_span=attn_span,
     )

@@ -23,6 +23,7 @@ from simulator.latency.fitted import (
     FitError,
     FittedModel,
     LinearFit,
+    AttnSpan,
     SplitKV,
     StepFloors,
     fit_step_records,
@@ -71,6 +72,7 @@ class LatencyProfile:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form provenance (trace, seed, ...)
     split_kv: SplitKV | None = None  # how the decode kernel split each sequence's KV (None: it did not)
     floors: StepFloors | None = None  # host floor per step kind (None: profiles fitted without floors)
+    attn_span: AttnSpan | None = None  # the prefill kernel's geometry of a fit with the span term
 
     @property
     def model_name(self) -> str:
@@ -102,6 +104,7 @@ class LatencyProfile:
             split_kv=self.split_kv,
             floors=self.floors,
             block_size=self.block_size,
+            attn_span=self.attn_span,
         )
 
     # ---- compatibility ----------------------------------------------------------------------------
@@ -169,7 +172,7 @@ class LatencyProfile:
                     "coefficients": list(value.coefficients),
                     "fit_error": dataclasses.asdict(value.error) if value.error else None,
                 }
-            elif isinstance(value, SplitKV):
+            elif isinstance(value, (SplitKV, AttnSpan)):
                 value = value.as_dict()
             elif isinstance(value, StepFloors):
                 value = dataclasses.asdict(value)
@@ -207,6 +210,8 @@ class LatencyProfile:
                 value = _split_kv_from_dict(value, where)
             elif f.name == "floors" and value is not None:
                 value = _floors_from_dict(value, where)
+            elif f.name == "attn_span" and value is not None:
+                value = _attn_span_from_dict(value, where)
             kwargs[f.name] = value
         profile = cls(**kwargs)
         profile.to_latency_model()  # validates feature lists now rather than at first use
@@ -278,6 +283,7 @@ class LatencyProfile:
             prefill=fitted.prefill,
             split_kv=fitted.split_kv,
             floors=fitted.floors,
+            attn_span=fitted.attn_span,
             created=created or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
             extra=dict(extra or {}),
         )
@@ -306,14 +312,17 @@ def fit_profile(
     floors: bool = True,
     host_table: bool = True,
     prefix_hits: bool = False,
+    span: bool = False,
 ) -> LatencyProfile:
-    """Calibrate: fit step records (`fit_step_records`) and wrap the fit as a profile."""
+    """Calibrate: fit step records (`fit_step_records`) and wrap the fit as a profile. `span`: with
+    the span term (SPAN_FEATURES), its geometry from `model`, `tp` and `split_kv`'s SMs."""
     fitted = fit_step_records(
         records,
         split_kv=split_kv,
         floors=floors,
         host_table=host_table,
         prefix_hits=prefix_hits,
+        attn_span=span_geometry(model, tp or 1, split_kv) if span else None,
         max_num_seqs=max_num_seqs,
         max_graph_batch_size=max_graph_batch_size,
         target=target,
@@ -402,6 +411,31 @@ def _split_kv_from_dict(value: Any, where: str) -> SplitKV:
         )
     try:
         return SplitKV(**value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def span_geometry(model: ModelSpec, tp: int, split_kv: SplitKV | None) -> AttnSpan:
+    """The `AttnSpan` of `model` at TP `tp` on the GPU whose SMs `split_kv` counts (the fitted
+    model's only record of them: a span term needs the engine's split-KV decode kernel)."""
+    if split_kv is None:
+        raise ValueError(
+            "span term: needs the GPU's SM count, which only split_kv records (no split-KV kernel here)"
+        )
+    if model.num_kv_heads % tp or model.num_heads % model.num_kv_heads:
+        raise ValueError(
+            f"span term: {model.num_heads} query heads over {model.num_kv_heads} kv heads at tp {tp} do not divide"
+        )
+    return AttnSpan(model.num_kv_heads // tp, model.num_heads // model.num_kv_heads, split_kv.num_sms)
+
+
+def _attn_span_from_dict(value: Any, where: str) -> AttnSpan:
+    if not isinstance(value, dict) or set(value) != {"num_kv_heads", "num_q_per_kv", "num_sms", "tile_rows"}:
+        raise ValueError(
+            f"{where}: field 'attn_span' must be null or {{num_kv_heads, num_q_per_kv, num_sms, tile_rows}}, got {value!r}"
+        )
+    try:
+        return AttnSpan(**value)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
 
