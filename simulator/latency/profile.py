@@ -20,10 +20,10 @@ from engine.model_spec import ModelSpec
 from simulator.latency.base import LatencyModel
 from simulator.latency.fitted import (
     STEP_FLOOR_KINDS,
+    AttnSpan,
     FitError,
     FittedModel,
     LinearFit,
-    AttnSpan,
     SplitKV,
     StepFloors,
     fit_step_records,

@@ -562,10 +562,10 @@ def test_kvplan_fit_prefix_hit_term_round_trips(tmp_path, make_records, truth, c
     like = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"
     out = tmp_path / "p.json"
     argv = ["fit", "--records", str(records), "--like", str(like), "--out", str(out), "--split-kv", "8:132"]
-    assert main([*argv, "--prefix-hit-term", "--loss", "absolute"]) == 0
+    assert main([*argv, "--prefix-hit-term", "--no-span-term", "--loss", "absolute"]) == 0
     assert "prefix-hit term: 125.0 ns a cached prompt token" in capsys.readouterr().out
     profile = LatencyProfile.load(out)
-    assert profile.prefill.coefficients[-1] == pytest.approx(1.25e-7, rel=1e-6)
+    assert profile.prefill.as_dict()["total_num_cached_tokens"] == pytest.approx(1.25e-7, rel=1e-6)
     model = profile.to_latency_model()
     shape = dict(kind="prefill", num_seqs=1, num_prefill_seqs=1, total_num_scheduled_tokens=100,
                  num_prefill_tokens=100, num_context_tokens=0, max_seq_len=100, prefill_attn_work=5_000.0)  # fmt: skip
@@ -594,3 +594,106 @@ def test_attributed_times_move_queued_gpu_work_to_the_chunk_that_queued_it() -> 
     assert got.sum() == pytest.approx(steps["wall_time_s"].sum(), rel=1e-12)
     with pytest.raises(ValueError, match="step order"):
         attributed_times(steps.iloc[::-1])
+
+
+# ---- the attention-span term --------------------------------------------------------------------
+SPAN = dict(num_kv_heads=8, num_q_per_kv=2, num_sms=132)
+
+
+def test_attn_span_of_a_short_query_over_a_long_prefix() -> None:
+    from simulator.latency.base import StepShape
+    from simulator.latency.fitted import AttnSpan, _attn_span_of, attn_span
+
+    span = AttnSpan(**SPAN)
+    # 16 new tokens over 32,672 cached: one 128-row tile per kv head, 8 programs over 32,688 keys
+    short = StepShape("prefill", 1, 1, 16, 16, 32_672, 32_688, 16 * (32_672 + 17 / 2))
+    assert _attn_span_of(span, short) == pytest.approx(32_688 - 8 * 32_688 / 132, rel=1e-12)
+    # a whole 8,192-token chunk from empty fills the SMs many times over: no span
+    full = StepShape("prefill", 1, 1, 8192, 8192, 0, 8192, 8192 * 8193 / 2)
+    assert _attn_span_of(span, full) == 0.0
+    # a mixed step: 100 new tokens over 20,000 cached beside 3 decodes of 4,000 cached each
+    mixed = StepShape("mixed", 4, 1, 103, 100, 32_000, 20_100, 100 * (20_000 + 101 / 2))
+    keys = 8 * (2 * 20_100 + 12_000 + 3)  # 100 rows x 2 query heads = 2 tiles; decodes one each
+    assert _attn_span_of(span, mixed) == pytest.approx(20_100 - keys / 132, rel=1e-12)
+    # the array form (fits) gives the same floats
+    cols = [np.array([float(getattr(s, f)) for s in (short, full, mixed)]) for f in (
+        "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_work", "num_context_tokens",
+        "num_decode_seqs", "max_seq_len")]  # fmt: skip
+    np.testing.assert_array_equal(
+        attn_span(span, *cols), [_attn_span_of(span, s) for s in (short, full, mixed)]
+    )
+
+
+def _with_span(records: pd.DataFrame, per_key: float) -> pd.DataFrame:
+    """The synthetic records with each prefill/mixed step costing `per_key` a key of its span more."""
+    from simulator.latency.fitted import AttnSpan, attn_span
+
+    out = records.copy()
+    cols = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_work", "num_context_tokens",
+            "num_decode_seqs", "max_seq_len")  # fmt: skip
+    extra = attn_span(AttnSpan(**SPAN), *(out[c].to_numpy(dtype=np.float64) for c in cols))
+    extra = np.where((out["kind"] != "decode").to_numpy(), extra * per_key, 0.0)
+    for column in ("gpu_time_s", "wall_time_s"):
+        out[column] = out[column] + extra
+    return out
+
+
+def test_span_term_is_recovered_and_priced_as_attention(make_records, truth) -> None:
+    from simulator.latency.base import StepShape
+    from simulator.latency.fitted import SPAN_FEATURES, AttnSpan
+
+    records = _with_span(make_records(noise=0.0), 3e-7)
+    fit = fit_step_records(
+        records, max_num_seqs=truth.gmax, split_kv=truth.split_kv, attn_span=AttnSpan(**SPAN)
+    )
+    assert fit.prefill.features == PREFILL_FEATURES + SPAN_FEATURES
+    np.testing.assert_allclose(fit.prefill.coefficients, (*truth.prefill, 3e-7), rtol=1e-6)
+    short = StepShape("prefill", 1, 1, 16, 16, 32_672, 32_688, 16 * (32_672 + 17 / 2))
+    c = fit.prefill.coefficients
+    without = c[2] * short.prefill_attn_work + c[3] * short.num_context_tokens
+    assert fit.predict(short).attention - without == pytest.approx(
+        c[6] * (32_688 - 8 * 32_688 / 132), rel=1e-9
+    )
+
+
+def test_span_term_needs_its_geometry(truth) -> None:
+    from simulator.latency.fitted import SPAN_FEATURES
+
+    pre = LinearFit(PREFILL_FEATURES + SPAN_FEATURES, (1e-3, 1e-6, 0.0, 0.0, 0.0, 0.0, 1e-7))
+    dec = LinearFit(DECODE_FEATURES, (1e-3, 1e-6, 1e-9, 0.0, 0.0, 0.0, 0.0))
+    with pytest.raises(ValueError, match="attn_span: a prefill fit with attn_span needs"):
+        FittedModel(dec, pre, 256)
+
+
+def test_kvplan_fit_span_term_round_trips_and_follows_like(tmp_path, make_records, capsys) -> None:
+    from simulator.cli import main
+    from simulator.defaults import SHIPPED_PROFILE_DIR
+    from simulator.latency.fitted import SPAN_FEATURES, AttnSpan
+    from simulator.latency.profile import LatencyProfile
+
+    records = tmp_path / "r.parquet"
+    _with_span(make_records(noise=0.0), 3e-7).to_parquet(records, index=False)
+    like = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs256.json"
+    argv = [
+        "fit",
+        "--records",
+        str(records),
+        "--like",
+        str(like),
+        "--split-kv",
+        "8:132",
+        "--loss",
+        "absolute",
+    ]
+    assert main([*argv, "--span-term", "--out", str(tmp_path / "a.json")]) == 0
+    profile = LatencyProfile.load(tmp_path / "a.json")
+    assert profile.attn_span == AttnSpan(**SPAN)  # Qwen3-0.6B: 16 query heads over 8 kv heads, 132 SMs
+    assert profile.prefill.as_dict()["attn_span"] == pytest.approx(3e-7, rel=1e-6)
+    assert main([*argv, "--out", str(tmp_path / "b.json")]) == 0  # as --like has it
+    assert LatencyProfile.load(tmp_path / "b.json").prefill.features[-1] == SPAN_FEATURES[0]
+    assert main([*argv, "--no-span-term", "--out", str(tmp_path / "c.json")]) == 0
+    plain = LatencyProfile.load(tmp_path / "c.json")
+    assert SPAN_FEATURES[0] not in plain.prefill.features and plain.attn_span is None
+    capsys.readouterr()
+    assert main([*argv, "--span-term", "--no-span-term", "--out", str(tmp_path / "d.json")]) != 0
+    assert "--span-term and --no-span-term: give one of them" in capsys.readouterr().err

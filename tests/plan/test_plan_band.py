@@ -154,7 +154,7 @@ def test_capacity_command_prints_a_rate_range(capsys):
     assert run([*argv, "--workers", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "band: max sustainable rate" in out and "held-back p90" in out
-    assert "pessimistic (steps x1.084 decode, x1.217 prefill)" in out
+    assert "pessimistic (steps x1.084 decode, x1.134 prefill)" in out
     assert run([*argv, "--workers", "1", "--quiet", "--no-band"]) == 0
     assert "band:" not in capsys.readouterr().out
 

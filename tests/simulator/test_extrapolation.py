@@ -67,7 +67,7 @@ def test_count_run_counts_the_step_by_step_count():
 
 @pytest.mark.parametrize(
     ("path", "async_scheduling", "want"),
-    [(PROFILE, False, (2301, 113)), (ASYNC_PROFILE, True, (2301, 113))],
+    [(PROFILE, False, (2303, 113)), (ASYNC_PROFILE, True, (2301, 113))],
 )
 def test_fast_forward_counts_what_stepping_counts(trace, path, async_scheduling, want):
     counts = []
@@ -132,7 +132,7 @@ def test_simulate_prints_the_share_outside(capsys):
     assert main(["simulate", "--window", "0:300", "--rate-scale", "10", "--quiet"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert last == (
-        "extrapolation    4 of 6,053 steps (0.1%) outside the fit's ranges (decode 0, prefill/mixed 4); "
+        "extrapolation    4 of 6,280 steps (0.1%) outside the fit's ranges (decode 0, prefill/mixed 4); "
         "steps_qwen3-0.6b_h200_tp1_bs16.parquet: decode batch <= 256, context <= 1,085,505 tokens, "
         "longest <= 32,727, step tokens <= 256; prefill and mixed batch <= 256, context <= 1,075,648 tokens, "
         "longest <= 32,700, step tokens <= 8,192"

@@ -125,7 +125,7 @@ def test_simulate_header_names_the_cache_source_and_the_latency_model(capsys):
     assert main(["simulate", "--limit", "5", "--quiet", "--block-size", "256", "--model", "qwen3-8b"]) == 0
     assert capsys.readouterr().out.splitlines()[2] == (
         "latency: fitted profile qwen3-8b_h200_tp1_bs256.json (calibrated on a cache of 3,043 KV blocks, "
-        "piecewise graphs: the engine's default is whole-step graphs)"
+        "whole-step graphs)"
     )
     assert (
         main(["simulate", "--limit", "5", "--quiet", "--num-kv-blocks", "8192", "--profile", "roofline"]) == 0

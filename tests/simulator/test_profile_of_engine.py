@@ -45,7 +45,7 @@ def test_validate_auto_pairs_replays_with_their_engines_profile():
         "h200_qwen3-0.6b_bs256_sg_azure-conv_x8": "qwen3-0.6b_h200_tp1_bs256.json",
         "h200_qwen3-8b_bs16_async_azure-conv_x2": "superseded/qwen3-8b_h200_tp1_bs16_async_2026-12-02_0721.json",
         "h200_qwen3-8b_bs16_async_sg_azure-conv_x1": "qwen3-8b_h200_tp1_bs16_async.json",
-        "h200_qwen3-8b_bs256_azure-conv_x1": "qwen3-8b_h200_tp1_bs256.json",  # the piecewise engine's, still shipped
+        "h200_qwen3-8b_bs256_azure-conv_x1": "superseded/qwen3-8b_h200_tp1_bs256_2026-12-02_1254.json",
     }
     for run, profile in pairs.items():
         assert validate_profile("auto", VALIDATION / run) == SHIPPED_PROFILE_DIR / profile, run
