@@ -4,8 +4,8 @@ step's prefix-cache hits), on the profiling sweeps' step records (simulator/prof
 a replay).
 
 Each records file is refitted as `kvplan fit --records R --like P` refits it (P its shipped profile:
-loss median, wall_time_s, its split rule, host floors and table term), once without the term and
-once with the term, on the same 25 % of each kind's steps held back. Printed per fit: the held-back
+loss median, wall_time_s, its split rule, host floors, table and span terms), once without the term
+and once with the term, on the same 25 % of each kind's steps held back. Printed per fit: the held-back
 prefill+mixed steps' median / p90 relative error against wall time and against attributed time
 (`simulator.latency.fitted.attributed_times`), the same for the steps the host queued without
 waiting, and the summed error of the held-back steps against attributed time (sum predicted / sum
@@ -45,7 +45,10 @@ def _err(predicted: np.ndarray, measured: np.ndarray) -> str:
     return f"{np.median(rel):6.1%} / {np.quantile(rel, 0.9):5.1%}"
 
 
-def _refit(records: pd.DataFrame, like: LatencyProfile, prefix_hits: bool) -> LatencyProfile:
+def refit(
+    records: pd.DataFrame, like: LatencyProfile, prefix_hits: bool, span: bool = False
+) -> LatencyProfile:
+    """`records` refitted as `kvplan fit --records R --like P` refits them, the terms as given."""
     has_table = F.TABLE_FEATURES[0] in like.decode.features
     return refit_like(
         records,
@@ -55,6 +58,7 @@ def _refit(records: pd.DataFrame, like: LatencyProfile, prefix_hits: bool) -> La
         split_kv=like.split_kv,
         host_table=has_table,
         prefix_hits=prefix_hits,
+        span=span,
     )
 
 
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         records = pd.read_parquet(path)
         held = _held_back_prefill(records)
         for prefix_hits in (False, True):
-            profile = _refit(records, like, prefix_hits)
+            profile = refit(records, like, prefix_hits, F.SPAN_FEATURES[0] in like.prefill.features)
             model = profile.to_latency_model()
             term = dict(zip(profile.prefill.features, profile.prefill.coefficients)).get(F.PREFIX_FEATURES[0])
             predicted = np.array([model.predict(StepShape.of(r)).total for r in held.itertuples(index=False)])

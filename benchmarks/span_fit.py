@@ -23,9 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from prefill_fit import refit  # noqa: E402  (benchmarks/, this script's folder)
+
 from simulator.calibration import step_seconds  # noqa: E402
 from simulator.latency import fitted as F  # noqa: E402
-from simulator.latency.profile import LatencyProfile, refit_like  # noqa: E402
+from simulator.latency.profile import LatencyProfile  # noqa: E402
 
 PROFILES = ROOT / "simulator" / "profiles"
 DIAGNOSTIC = ROOT / "simulator" / "data" / "diagnostic"
@@ -51,19 +53,6 @@ def held_back(records: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts)
 
 
-def refit(records: pd.DataFrame, like: LatencyProfile, span: bool) -> LatencyProfile:
-    return refit_like(
-        records,
-        like,
-        target="wall_time_s",
-        loss="median",
-        split_kv=like.split_kv,
-        host_table=F.TABLE_FEATURES[0] in like.decode.features,
-        prefix_hits=F.PREFIX_FEATURES[0] in like.prefill.features,
-        span=span,
-    )
-
-
 def summed(steps: pd.DataFrame, profile: LatencyProfile, kinds: tuple[str, ...]) -> list[float]:
     predicted = step_seconds(steps, profile.to_latency_model())
     measured = steps["attributed_s"].to_numpy()
@@ -80,7 +69,7 @@ def main() -> int:
         like = LatencyProfile.load(PROFILES / like_name)
         held = held_back(records)
         for span in (False, True):
-            profile = refit(records, like, span)
+            profile = refit(records, like, F.PREFIX_FEATURES[0] in like.prefill.features, span)
             fits[stem, span] = profile
             errors = summed(held, profile, ("prefill", "mixed", "decode"))
             coef = profile.prefill.as_dict().get(F.SPAN_FEATURES[0])

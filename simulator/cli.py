@@ -331,22 +331,23 @@ def _prefix_hits(args: argparse.Namespace, like: LatencyProfile) -> bool:
     """Whether the refit takes the prefix-hit term: as flagged, else as the --like profile has it."""
     from simulator.latency.fitted import PREFIX_FEATURES
 
-    if args.prefix_hit_term and args.no_prefix_hit_term:
-        raise ValueError("--prefix-hit-term and --no-prefix-hit-term: give one of them")
-    if args.prefix_hit_term or args.no_prefix_hit_term:
-        return args.prefix_hit_term
-    return PREFIX_FEATURES[0] in like.prefill.features
+    return _term_choice(
+        args.prefix_hit_term, args.no_prefix_hit_term, "prefix-hit-term", PREFIX_FEATURES[0], like
+    )
 
 
 def _span_term(args: argparse.Namespace, like: LatencyProfile) -> bool:
     """Whether the refit takes the span term: as flagged, else as the --like profile has it."""
     from simulator.latency.fitted import SPAN_FEATURES
 
-    if args.span_term and args.no_span_term:
-        raise ValueError("--span-term and --no-span-term: give one of them")
-    if args.span_term or args.no_span_term:
-        return args.span_term
-    return SPAN_FEATURES[0] in like.prefill.features
+    return _term_choice(args.span_term, args.no_span_term, "span-term", SPAN_FEATURES[0], like)
+
+
+def _term_choice(on: bool, off: bool, flag: str, feature: str, like: LatencyProfile) -> bool:
+    """--FLAG / --no-FLAG: on, off, or (neither) whether `like`'s prefill fit has `feature`."""
+    if on and off:
+        raise ValueError(f"--{flag} and --no-{flag}: give one of them")
+    return on if on or off else feature in like.prefill.features
 
 
 def build_parser() -> argparse.ArgumentParser:
