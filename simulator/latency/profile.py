@@ -488,6 +488,11 @@ def profile_report(profile) -> str:
         lines.append(
             f"  prefix-hit term: {prefix * 1e9:.1f} ns a cached prompt token (prefill and mixed steps)"
         )
+    span = dict(zip(profile.prefill.features, profile.prefill.coefficients)).get("attn_span")
+    if span is not None:
+        lines.append(
+            f"  span term: {span * 1e9:.1f} ns a key of the longest sequence beyond the step's keys per SM"
+        )
     floors = getattr(profile, "floors", None)
     if floors is not None:
         lines.append(

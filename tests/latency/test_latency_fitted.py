@@ -686,6 +686,7 @@ def test_kvplan_fit_span_term_round_trips_and_follows_like(tmp_path, make_record
         "absolute",
     ]
     assert main([*argv, "--span-term", "--out", str(tmp_path / "a.json")]) == 0
+    assert "span term: 300.0 ns a key of the longest sequence" in capsys.readouterr().out
     profile = LatencyProfile.load(tmp_path / "a.json")
     assert profile.attn_span == AttnSpan(**SPAN)  # Qwen3-0.6B: 16 query heads over 8 kv heads, 132 SMs
     assert profile.prefill.as_dict()["attn_span"] == pytest.approx(3e-7, rel=1e-6)
