@@ -173,6 +173,7 @@ def fit_llm_profile(
     """`fit_profile` of step records `llm` measured: its model, attention backend, KV cache and decode
     split policy (`split_kv`), with this package's version; with the span term where the split
     policy gives the GPU's SMs."""
+    split = split_kv(llm)
     return fit_profile(
         records,
         model=llm.spec,
@@ -186,7 +187,7 @@ def fit_llm_profile(
         num_kv_blocks=llm.cache_config.num_blocks,
         target=target,
         loss=loss,
-        split_kv=split_kv(llm),
-        span=split_kv(llm) is not None,
+        split_kv=split,
+        span=split is not None,
         extra=extra,
     )

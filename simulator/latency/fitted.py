@@ -60,7 +60,6 @@ PREFILL_FEATURES = (
 # Which StepTime part each feature's contribution is reported under (communication is folded in).
 DECODE_PARTS = ("overhead", "linear", "attention", "attention", "attention", "attention")
 PREFILL_PARTS = ("overhead", "linear", "attention", "attention", "overhead", "overhead", "overhead")
-# (the span term, last where fitted, is reported as attention)
 # The host's time of a prefill or mixed step that grows with its prefix-cache hits (the engine matches
 # a hit prompt's blocks by hash on the host): c x total_num_cached_tokens, fitted where asked.
 PREFIX_FEATURES = ("total_num_cached_tokens",)
@@ -303,33 +302,31 @@ class AttnSpan:
 
 
 def attn_span(span: AttnSpan, num_prefill_seqs, num_prefill_tokens, prefill_attn_work,
-              num_context_tokens, num_decode_seqs, max_seq_len):  # fmt: skip
+              num_context_tokens, num_decode_seqs, max_seq_len) -> float:  # fmt: skip
     """Keys of the longest sequence beyond the step's keys per SM: max(0, max_seq_len - K / SMs),
     K = kv heads x (query tiles x keys of each prefill + keys of each decode), from the step's totals
-    (scalars or numpy arrays) as if its prefills had equal chunks: their cached tokens then follow
-    from prefill_attn_work, and the decodes' (a mixed step's) are the rest of num_context_tokens."""
-    seqs = np.maximum(num_prefill_seqs, 1)
-    chunk = num_prefill_tokens / seqs
-    cached = (prefill_attn_work - num_prefill_tokens * (chunk + 1) / 2) / np.maximum(chunk, 1)
-    cached = np.clip(cached, 0, num_context_tokens)
-    tiles = np.maximum(np.ceil(chunk * span.num_q_per_kv / span.tile_rows), 1)
+    as if its prefills had equal chunks: their cached tokens then follow from prefill_attn_work, and
+    the decodes' (a mixed step's) are the rest of num_context_tokens. Plain float arithmetic: the
+    simulator prices every prefill and mixed step with it (`attn_spans` for record columns)."""
+    chunk = num_prefill_tokens / (num_prefill_seqs or 1)
+    cached = (prefill_attn_work - num_prefill_tokens * (chunk + 1) / 2) / (chunk if chunk > 1 else 1)
+    cached = 0.0 if cached < 0 else (num_context_tokens if cached > num_context_tokens else cached)
+    tiles = -(-chunk * span.num_q_per_kv // span.tile_rows) or 1.0
     keys = span.num_kv_heads * (
         tiles * (cached + num_prefill_tokens) + (num_context_tokens - cached) + num_decode_seqs
     )
-    return np.maximum(max_seq_len - keys / span.num_sms, 0.0)
-
-
-def _attn_span_of(span: AttnSpan, batch: BatchShape) -> float:
-    """`attn_span` of one step in plain float arithmetic (the simulator's prefill hot path)."""
-    seqs = batch.num_prefill_seqs or 1
-    tokens, context = batch.num_prefill_tokens, batch.num_context_tokens
-    chunk = tokens / seqs
-    cached = (batch.prefill_attn_work - tokens * (chunk + 1) / 2) / (chunk if chunk > 1 else 1)
-    cached = 0.0 if cached < 0 else (context if cached > context else cached)
-    tiles = -(-chunk * span.num_q_per_kv // span.tile_rows) or 1.0
-    keys = span.num_kv_heads * (tiles * (cached + tokens) + (context - cached) + batch.num_decode_seqs)
-    excess = batch.max_seq_len - keys / span.num_sms
+    excess = max_seq_len - keys / span.num_sms
     return excess if excess > 0 else 0.0
+
+
+SPAN_COLUMNS = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_work", "num_context_tokens",
+                "num_decode_seqs", "max_seq_len")  # fmt: skip
+
+
+def attn_spans(span: AttnSpan, frame: pd.DataFrame) -> np.ndarray:
+    """`attn_span` of each step of step records (SPAN_COLUMNS), the same floats."""
+    columns = (frame[c].to_numpy(dtype=np.float64).tolist() for c in SPAN_COLUMNS)
+    return np.array([attn_span(span, *row) for row in zip(*columns)], dtype=np.float64)
 
 
 def split_run_consts(split_kv: SplitKV, b: int) -> tuple[int, int, int, int]:
@@ -727,7 +724,10 @@ class FittedModel(LatencyModelBase):
         if self._prefix:
             overhead += self._prefix * batch.total_num_cached_tokens
         if self._span:
-            attention += self._span * _attn_span_of(self.attn_span, batch)
+            attention += self._span * attn_span(
+                self.attn_span, batch.num_prefill_seqs, batch.num_prefill_tokens, batch.prefill_attn_work,
+                batch.num_context_tokens, batch.num_decode_seqs, batch.max_seq_len,
+            )  # fmt: skip
         total = linear + attention + overhead
         floor = self._mixed_floor if batch.kind == "mixed" else self._prefill_floor
         if total < floor:  # host-bound: the time below the floor is host overhead
@@ -968,9 +968,7 @@ def prefill_features(
         if span is None:
             raise ValueError(f"{SPAN_FEATURES[0]}: needs the kernel's AttnSpan")
         rest = prefill_features(frame, tuple(f for f in features if f not in SPAN_FEATURES))
-        cols = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_work", "num_context_tokens")
-        x = [frame[c].to_numpy(dtype=np.float64) for c in (*cols, "num_decode_seqs", "max_seq_len")]
-        return np.column_stack([rest, attn_span(span, *x)])
+        return np.column_stack([rest, attn_spans(span, frame)])
     return np.column_stack(
         [np.ones(len(frame))] + [frame[c].to_numpy(dtype=np.float64) for c in features[1:]]
     )

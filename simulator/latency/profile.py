@@ -422,10 +422,8 @@ def span_geometry(model: ModelSpec, tp: int, split_kv: SplitKV | None) -> AttnSp
         raise ValueError(
             "span term: needs the GPU's SM count, which only split_kv records (no split-KV kernel here)"
         )
-    if model.num_kv_heads % tp or model.num_heads % model.num_kv_heads:
-        raise ValueError(
-            f"span term: {model.num_heads} query heads over {model.num_kv_heads} kv heads at tp {tp} do not divide"
-        )
+    if model.num_kv_heads % tp:  # (ModelSpec checks that kv heads divide the query heads)
+        raise ValueError(f"span term: {model.num_kv_heads} kv heads do not divide over tp {tp}")
     return AttnSpan(model.num_kv_heads // tp, model.num_heads // model.num_kv_heads, split_kv.num_sms)
 
 

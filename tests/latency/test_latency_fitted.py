@@ -602,36 +602,34 @@ SPAN = dict(num_kv_heads=8, num_q_per_kv=2, num_sms=132)
 
 def test_attn_span_of_a_short_query_over_a_long_prefix() -> None:
     from simulator.latency.base import StepShape
-    from simulator.latency.fitted import AttnSpan, _attn_span_of, attn_span
+    from simulator.latency.fitted import SPAN_COLUMNS, AttnSpan, attn_span, attn_spans
 
     span = AttnSpan(**SPAN)
+
+    def of(shape: StepShape) -> float:
+        return attn_span(span, *(getattr(shape, c) for c in SPAN_COLUMNS))
+
     # 16 new tokens over 32,672 cached: one 128-row tile per kv head, 8 programs over 32,688 keys
     short = StepShape("prefill", 1, 1, 16, 16, 32_672, 32_688, 16 * (32_672 + 17 / 2))
-    assert _attn_span_of(span, short) == pytest.approx(32_688 - 8 * 32_688 / 132, rel=1e-12)
+    assert of(short) == pytest.approx(32_688 - 8 * 32_688 / 132, rel=1e-12)
     # a whole 8,192-token chunk from empty fills the SMs many times over: no span
     full = StepShape("prefill", 1, 1, 8192, 8192, 0, 8192, 8192 * 8193 / 2)
-    assert _attn_span_of(span, full) == 0.0
+    assert of(full) == 0.0
     # a mixed step: 100 new tokens over 20,000 cached beside 3 decodes of 4,000 cached each
     mixed = StepShape("mixed", 4, 1, 103, 100, 32_000, 20_100, 100 * (20_000 + 101 / 2))
     keys = 8 * (2 * 20_100 + 12_000 + 3)  # 100 rows x 2 query heads = 2 tiles; decodes one each
-    assert _attn_span_of(span, mixed) == pytest.approx(20_100 - keys / 132, rel=1e-12)
-    # the array form (fits) gives the same floats
-    cols = [np.array([float(getattr(s, f)) for s in (short, full, mixed)]) for f in (
-        "num_prefill_seqs", "num_prefill_tokens", "prefill_attn_work", "num_context_tokens",
-        "num_decode_seqs", "max_seq_len")]  # fmt: skip
-    np.testing.assert_array_equal(
-        attn_span(span, *cols), [_attn_span_of(span, s) for s in (short, full, mixed)]
-    )
+    assert of(mixed) == pytest.approx(20_100 - keys / 132, rel=1e-12)
+    # the form over record columns (fits) gives the same floats
+    frame = pd.DataFrame([{c: getattr(s, c) for c in SPAN_COLUMNS} for s in (short, full, mixed)])
+    np.testing.assert_array_equal(attn_spans(span, frame), [of(s) for s in (short, full, mixed)])
 
 
 def _with_span(records: pd.DataFrame, per_key: float) -> pd.DataFrame:
     """The synthetic records with each prefill/mixed step costing `per_key` a key of its span more."""
-    from simulator.latency.fitted import AttnSpan, attn_span
+    from simulator.latency.fitted import AttnSpan, attn_spans
 
     out = records.copy()
-    cols = ("num_prefill_seqs", "num_prefill_tokens", "prefill_attn_work", "num_context_tokens",
-            "num_decode_seqs", "max_seq_len")  # fmt: skip
-    extra = attn_span(AttnSpan(**SPAN), *(out[c].to_numpy(dtype=np.float64) for c in cols))
+    extra = attn_spans(AttnSpan(**SPAN), out)
     extra = np.where((out["kind"] != "decode").to_numpy(), extra * per_key, 0.0)
     for column in ("gpu_time_s", "wall_time_s"):
         out[column] = out[column] + extra
