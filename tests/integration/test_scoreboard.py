@@ -103,22 +103,23 @@ def test_only_replays_of_the_bases_engine_bracket_its_knee(tmp_path):
 def test_pinned_shipped_suite_scoreboard():
     """Pinned to the shipped replays (detects change in measured data, not correctness), each scored
     on the shipped profile of its engine as `kvplan validate --suite` does (replays of the engine
-    before whole-step graphs on the profiles it superseded): 42 replays held out for their profiles
-    meet 205 of 294 targets, the 20 scored on shipped profiles 102 of 140, the 16 of the step-graph
+    before whole-step graphs on the profiles it superseded): 52 replays held out for their profiles
+    meet 240 of 364 targets, the 30 scored on shipped profiles 137 of 210, the 16 of the step-graph
     engine's first recalibration still held out (the Qwen3-0.6B block-16 sync and block-256 profiles
-    were refitted after those replays were seen) 77 of 112, the four Qwen3-8B `_d3_` replays 25 of
-    28. The knees are searched and bracketed on the step-graph engine's replays: the
-    simulated azure_code_2023 (13x) and azure_conv_2023 (11.9x) knees sit at the top of their real
-    brackets (11.7-13x, 10.7-11.9x), mooncake_synthetic's 4.35x just above its (3.9-4.3x)."""
+    were refitted after those replays were seen) 77 of 112, the fourteen `_d3_` replays 60 of 98:
+    the six of Qwen3-8B 39 of 42, the eight of Qwen3-0.6B block-16 async (the knee brackets) 21 of
+    56. The knees are searched and bracketed on the step-graph engine's replays: the simulated
+    azure_code_2023 (13x) and azure_conv_2023 (11.9x) knees sit at the top of their real brackets
+    (11.7-13x, 10.7-11.9x), mooncake_synthetic's 4.35x just above its (3.9-4.3x)."""
     from simulator.validate import validate_profile
 
     suite = load_suite(VALIDATION / "suite.json")
     rows, families = run_suite(suite, lambda run: validate_profile("auto", run), progress=False)
     held = rows[rows["held_out"]]
-    assert (len(held), int(held["targets_met"].sum())) == (42, 205)
-    assert (len(rows), int(rows["targets_met"].sum())) == (73, 344)
+    assert (len(held), int(held["targets_met"].sum())) == (52, 240)
+    assert (len(rows), int(rows["targets_met"].sum())) == (83, 379)
     shipped = held[held["shipped"]]
-    assert (len(shipped), int(shipped["targets_met"].sum())) == (20, 102)
+    assert (len(shipped), int(shipped["targets_met"].sum())) == (30, 137)
     graphs = held[held["run"].str.contains("_sg_")]
     assert (len(graphs), int(graphs["targets_met"].sum())) == (16, 77)
     assert set(graphs["profile"]) == {
@@ -126,13 +127,20 @@ def test_pinned_shipped_suite_scoreboard():
         "qwen3-8b_h200_tp1_bs16_async.json",
     }
     eight = held[held["run"].str.contains("_d3_")]
-    assert (len(eight), int(eight["targets_met"].sum())) == (4, 25)
-    assert set(eight["profile"]) == {"qwen3-8b_h200_tp1_bs16.json", "qwen3-8b_h200_tp1_bs256.json"}
+    assert (len(eight), int(eight["targets_met"].sum())) == (14, 60)
+    small = eight[eight["run"].str.contains("0.6b")]
+    assert (len(small), int(small["targets_met"].sum())) == (8, 21)
+    assert set(eight["profile"]) == {
+        "qwen3-0.6b_h200_tp1_bs16_async.json",
+        "qwen3-8b_h200_tp1_bs16.json",
+        "qwen3-8b_h200_tp1_bs256.json",
+        "qwen3-8b_h200_tp1_bs256_async.json",
+    }
     knees = families.set_index("family")
     assert knees["num_bracketing"].to_dict() == {
-        "mooncake_synthetic": 4,
-        "azure_code_2023": 4,
-        "azure_conv_2023": 5,
+        "mooncake_synthetic": 8,
+        "azure_code_2023": 6,
+        "azure_conv_2023": 7,
     }
     inside = knees["real_passes_at"] <= knees["simulated_knee"]
     inside &= knees["simulated_knee"] <= knees["real_fails_at"]
@@ -176,3 +184,14 @@ def test_a_seen_time_without_a_utc_offset_is_an_error_naming_the_replay(tmp_path
     entry = {**_replay("h200_qwen3-0.6b_bs16_async_x8", 8, True), "seen": "2026-12-02T07:22:00"}
     with pytest.raises(ValueError, match="replay h200_qwen3-0.6b_bs16_async_x8: 'seen' needs a UTC offset"):
         load_suite(_suite(tmp_path, [entry]))
+
+
+def test_every_shipped_replay_folder_holds_its_records():
+    """Each real replay that ships (the suite's and the diagnostic ones) has its run, request and step
+    records: a folder whose parquet files were left out of the repository fails here on a clean clone."""
+    roots = (VALIDATION, VALIDATION.parent / "diagnostic")
+    folders = [d for root in roots for d in sorted(root.glob("h200_*")) if d.is_dir()]
+    needed = ("run.json", "requests.parquet", "steps.parquet")
+    missing = [f"{d.parent.name}/{d.name}/{f}" for d in folders for f in needed if not (d / f).is_file()]
+    assert len(folders) == 107
+    assert missing == []

@@ -299,8 +299,20 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     assert (
         default_profile("qwen3-0.6b", "H200", 16, 1) == SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16.json"
     )
-    fallback = default_profile("qwen3-8b", "H200", 256, 1, async_scheduling=True)
-    assert fallback == SHIPPED_PROFILE_DIR / "qwen3-8b_h200_tp1_bs256.json"
+    picked = default_profile("qwen3-8b", "H200", 256, 1, async_scheduling=True)
+    assert picked == SHIPPED_PROFILE_DIR / "qwen3-8b_h200_tp1_bs256_async.json"
+
+
+def test_async_scheduling_falls_back_to_the_sync_profile(tmp_path, monkeypatch) -> None:
+    """Where no `_async` profile ships for a configuration, async scheduling gets the synchronous
+    engine's profile; with neither, none."""
+    import simulator.defaults as defaults
+
+    (tmp_path / "qwen3-8b_h200_tp1_bs256.json").write_text("{}")
+    monkeypatch.setattr(defaults, "SHIPPED_PROFILE_DIR", tmp_path)
+    picked = defaults.default_profile("qwen3-8b", "H200", 256, 1, async_scheduling=True)
+    assert picked == tmp_path / "qwen3-8b_h200_tp1_bs256.json"
+    assert defaults.default_profile("qwen3-8b", "H200", 16, 1, async_scheduling=True) is None
 
 
 @pytest.mark.parametrize(
@@ -308,11 +320,12 @@ def test_the_async_profile_refits_with_its_sync_terms(tmp_path) -> None:
     [
         ("qwen3-0.6b_h200_tp1_bs256", True, (3.5e-4, 3.7e-4, 2.5e-6, 2.7e-6)),  # 0.36 ms + 2.6 us a row
         ("qwen3-8b_h200_tp1_bs16", True, (3.3e-4, 3.5e-4, 6.1e-6, 6.4e-6)),  # 0.34 ms + 6.2 us
+        ("qwen3-8b_h200_tp1_bs256", True, (3.5e-4, 3.7e-4, 1.1e-5, 1.2e-5)),  # 0.36 ms + 11.3 us
     ],
 )
 def test_the_block_256_and_8b_async_profiles_refit_and_are_picked(tmp_path, stem, table, sync_range) -> None:
-    """Qwen3-0.6B block 256 and Qwen3-8B block 16 (calibrated with async scheduling on the engine
-    with whole-step graphs, block-table term included): each refits from its shipped records (to
+    """Qwen3-0.6B block 256 and Qwen3-8B blocks 16 and 256 (calibrated with async scheduling on the
+    engine with whole-step graphs, block-table term included): each refits from its shipped records (to
     1e-9: `_same_fit`), sync terms included, and is the one `default_profile` picks for async
     scheduling."""
     from simulator.cli import main
