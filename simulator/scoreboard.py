@@ -4,9 +4,10 @@ A suite (JSON, `simulator/data/validation/suite.json`) lists replay folders by t
 declared held-out or not before a profile it validates is fitted; a held-out replay whose results
 were first seen (its `seen` time) before a profile was fitted is not held out for that profile, which
 may have been designed with them in view. Per replay: the targets met, the signed error of E2E, TTFT
-and TPOT at mean, p90 and p99 and their mean absolute error, and the real engine's own spread where a
-repeat exists. Per family: the highest rate whose TTFT p99 meets the
-suite's SLO, simulated, against the real replays on either side of it.
+and TPOT at mean, p90 and p99 and their mean absolute error, and, where a repeat exists, the real
+engine's own spread and the targets inside the band of the two real runs. Per family: the highest
+rate whose TTFT p99 meets the suite's SLO, simulated, against the real replays on either side of
+it, and how the replays past it score.
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ def held_out_for(replay: SuiteReplay, profile: Path | None) -> bool:
 
 
 def score_replay(replay: SuiteReplay, profile: Path | None) -> dict:
-    """One replay's row: targets met, signed errors of `SCORED`, their mean absolute error, and the
-    largest real run-to-run difference of the targeted metrics where a repeat exists."""
+    """One replay's row: targets met, signed errors of `SCORED`, their mean absolute error, and where a
+    repeat exists the largest real run-to-run difference of the targeted metrics and the targets
+    inside the band of the two real runs (`in_band`; NaN without a repeat)."""
     v = validate_run(replay.run, profile, replay.repeat)
     table = v.table.set_index("metric")
     err = table["rel_error"]
@@ -95,14 +97,15 @@ def score_replay(replay: SuiteReplay, profile: Path | None) -> dict:
         "family": replay.family,
         "run": replay.run.name,
         "load": replay.load,
+        "rate_scale": replay.rate_scale,
         "held_out": held_out_for(replay, profile),
         "targets_met": int(table.loc[list(TARGETS), "ok"].astype(bool).sum()),
         **{m: float(err.get(m, np.nan)) for m in SCORED},
     }
     row["mape"] = float(np.nanmean(np.abs([row[m] for m in SCORED])))
-    row["repeat_spread"] = (
-        float(table.loc[list(TARGETS), "repeat_error"].abs().max()) if "repeat_error" in table else np.nan
-    )
+    repeated = "repeat_error" in table
+    row["repeat_spread"] = float(table.loc[list(TARGETS), "repeat_error"].abs().max()) if repeated else np.nan
+    row["band_met"] = float(table.loc[list(TARGETS), "in_band"].astype(bool).sum()) if repeated else np.nan
     row["real_ttft_p99_s"] = float(table.loc["ttft_p99_s", "real"])
     return row
 
@@ -151,7 +154,9 @@ _ENGINE_KEY = (
 def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | None]) -> pd.DataFrame:
     """Per family: the simulated knee (rate scale of its base window) and the real replays' bracket:
     the highest served scale whose real TTFT p99 met the SLO and the lowest that did not, among the
-    family's replays of the base's model and engine configuration (`engine_key`)."""
+    family's replays of the base's model and engine configuration (`engine_key`); and those replays
+    past the simulated knee: how many, their targets met, and for the ones with a repeat the targets
+    inside the band of the two real runs."""
     limit = parse_objectives(suite.slo)[0].limit_s
     out = []
     for family, base in suite.families.items():
@@ -168,6 +173,8 @@ def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | Non
         scales = pd.Series({r.run.name: r.rate_scale for r in mine})
         passed = scales[served["real_ttft_p99_s"] <= limit]
         failed = scales[served["real_ttft_p99_s"] > limit]
+        past = served[scales > knee] if knee is not None else served.iloc[:0]
+        repeated = past[past["band_met"].notna()]
         out.append(
             {
                 "family": family,
@@ -175,6 +182,10 @@ def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | Non
                 "real_passes_at": float(passed.max()) if len(passed) else np.nan,
                 "real_fails_at": float(failed.min()) if len(failed) else np.nan,
                 "num_bracketing": len(mine),
+                "num_past_knee": len(past),
+                "past_knee_met": int(past["targets_met"].sum()),
+                "num_past_knee_repeated": len(repeated),
+                "past_knee_band_met": int(repeated["band_met"].sum()),
             }
         )
     return pd.DataFrame(out)
@@ -216,14 +227,18 @@ def format_scoreboard(suite: Suite, rows: pd.DataFrame, families: pd.DataFrame) 
     """The scoreboard as text: replays by family, the held-out totals, then each family's knee."""
     lines = [f"Fidelity scoreboard: {suite.path.name} (targets: {_targets()})", ""]
     head = f"{'family / replay':<44} {'load':<32} {'held':>4} {'met':>5}"
-    head += "".join(f" {m.removesuffix('_s'):>10}" for m in SCORED) + f" {'MAPE':>6} {'spread':>7}  profile"
+    head += (
+        "".join(f" {m.removesuffix('_s'):>10}" for m in SCORED)
+        + f" {'MAPE':>6} {'spread':>7} {'band':>5}  profile"
+    )
     lines.append(head)
     for family, group in rows.groupby("family", sort=False):
         lines.append(family)
         for _, r in group.iterrows():
             line = f"  {r['run']:<42} {r['load'][:32]:<32} {'yes' if r['held_out'] else 'no':>4}"
             line += f" {r['targets_met']:>3}/{len(TARGETS)}" + "".join(f" {_pct(r[m]):>10}" for m in SCORED)
-            line += f" {r['mape']:>6.1%} {_pct(r['repeat_spread']):>7}  {r['profile'].removesuffix('.json')}"
+            band = "-" if np.isnan(r["band_met"]) else f"{int(r['band_met'])}/{len(TARGETS)}"
+            line += f" {r['mape']:>6.1%} {_pct(r['repeat_spread']):>7} {band:>5}  {r['profile'].removesuffix('.json')}"
             lines.append(line)
     held = rows[rows["held_out"]]
     lines += ["", _total("held-out", held), _total("  on the shipped profiles", held[held["shipped"]])]
@@ -237,7 +252,18 @@ def format_scoreboard(suite: Suite, rows: pd.DataFrame, families: pd.DataFrame) 
             f"  {f['family']:<20} simulated {sim:<10} real: met at {_scale(f['real_passes_at'])}, "
             f"missed at {_scale(f['real_fails_at'])} ({f['num_bracketing']} real replays of its base's engine)"
         )
+        if f["num_past_knee"]:
+            lines.append(_past_knee(f))
     return "\n".join(lines)
+
+
+def _past_knee(f: pd.Series) -> str:
+    n, k = int(f["num_past_knee"]), len(TARGETS)
+    line = f"  {'':<20} past it: {n} real replays meet {f['past_knee_met']} of {n * k} targets"
+    if f["num_past_knee_repeated"]:
+        r = int(f["num_past_knee_repeated"])
+        line += f"; the {r} with a repeat {f['past_knee_band_met']} of {r * k} inside the band of their two real runs"
+    return line
 
 
 def _total(label: str, rows: pd.DataFrame) -> str:

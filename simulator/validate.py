@@ -212,12 +212,23 @@ def read_repeat(repeat_dir: str | Path, meta: dict, trace) -> dict:
 
 
 def add_repeat(table: pd.DataFrame, real: dict, repeat: dict) -> pd.DataFrame:
-    """`table` with each metric of the repeat run and its relative difference from the real run."""
+    """`table` with each metric of the repeat run, its relative difference from the real run, and
+    `in_band`: a targeted metric met, or simulated within its target of the repeat or between them."""
     out = table.copy()
     out["repeat"] = [repeat.get(m, np.nan) for m in out["metric"]]
     base = out["real"].replace(0, np.nan)
     out["repeat_error"] = (out["repeat"] - base) / base
+    out["in_band"] = [in_band(r.real, r.repeat, r.sim, r.target) for r in out.itertuples(index=False)]
     return out
+
+
+def in_band(real: float, repeat: float, sim: float, target: float | None) -> bool | None:
+    """Whether `sim` is inside the band two real runs of one configuration span (`real` and `repeat`,
+    either end widened by `target`, relative); None for a metric without a target or a value."""
+    if target is None or pd.isna(target) or not all(np.isfinite([real, repeat, sim])):
+        return None
+    lo, hi = min(real, repeat), max(real, repeat)
+    return bool(lo - abs(lo) * target <= sim <= hi + abs(hi) * target)
 
 
 def format_table(v: Validation) -> str:
@@ -227,13 +238,14 @@ def format_table(v: Validation) -> str:
     s = v.sim.summary
     lines = [f"latency: {latency_label(s.get('latency_model'), s.get('profile'))}"]
     head = f"{'metric':<16}{'real':>12}{'sim':>12}{'error':>9}{'target':>8}  ok"
-    lines.append(head + (f"  {'repeat':>10}{'real vs real':>14}" if repeat else ""))
+    lines.append(head + (f"  {'repeat':>10}{'real vs real':>14}  band" if repeat else ""))
     for r in v.table.itertuples(index=False):
         target = f"{r.target:.0%}" if pd.notna(r.target) else "-"
         ok = "-" if r.ok is None or pd.isna(r.ok) else ("yes" if r.ok else "NO")
         line = f"{r.metric:<16}{r.real:>12.4g}{r.sim:>12.4g}{r.rel_error:>+9.1%}{target:>8}  {ok:<3}"
         if repeat:
-            line += f"{r.repeat:>10.4g}{r.repeat_error:>+14.1%}"
+            band = "-" if r.in_band is None or pd.isna(r.in_band) else ("yes" if r.in_band else "NO")
+            line += f"{r.repeat:>10.4g}{r.repeat_error:>+14.1%}  {band}"
         lines.append(line.rstrip())
     if v.steps is not None:
         res = v.steps["residual"].abs()

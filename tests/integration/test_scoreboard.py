@@ -103,23 +103,24 @@ def test_only_replays_of_the_bases_engine_bracket_its_knee(tmp_path):
 def test_pinned_shipped_suite_scoreboard():
     """Pinned to the shipped replays (detects change in measured data, not correctness), each scored
     on the shipped profile of its engine as `kvplan validate --suite` does (replays of the engine
-    before whole-step graphs on the profiles it superseded): 52 replays held out for their profiles
-    meet 240 of 364 targets, the 30 scored on shipped profiles 137 of 210, the 16 of the step-graph
+    before whole-step graphs on the profiles it superseded): 55 replays held out for their profiles
+    meet 240 of 385 targets, the 33 scored on shipped profiles 137 of 231, the 16 of the step-graph
     engine's first recalibration still held out (the Qwen3-0.6B block-16 sync and block-256 profiles
-    were refitted after those replays were seen) 77 of 112, the fourteen `_d3_` replays 60 of 98:
-    the six of Qwen3-8B 39 of 42, the eight of Qwen3-0.6B block-16 async (the knee brackets) 21 of
-    56. The knees are searched and bracketed on the step-graph engine's replays: the simulated
-    azure_code_2023 (13x) and azure_conv_2023 (11.9x) knees sit at the top of their real brackets
-    (11.7-13x, 10.7-11.9x), mooncake_synthetic's 4.35x just above its (3.9-4.3x)."""
+    were refitted after those replays were seen) 77 of 112, the seventeen `_d3_` replays 60 of 119:
+    the six of Qwen3-8B 39 of 42, the eleven of Qwen3-0.6B block-16 async (the knee brackets and
+    three repeats) 21 of 77. The knees are searched and bracketed on the step-graph engine's
+    replays: the simulated azure_code_2023 (13x) and azure_conv_2023 (11.9x) knees sit at the top
+    of their real brackets (11.7-13x, 10.7-11.9x), mooncake_synthetic's 4.35x just above its
+    (3.9-4.3x). The 17 replays with a repeat meet 46 targets and have 67 inside their band."""
     from simulator.validate import validate_profile
 
     suite = load_suite(VALIDATION / "suite.json")
     rows, families = run_suite(suite, lambda run: validate_profile("auto", run), progress=False)
     held = rows[rows["held_out"]]
-    assert (len(held), int(held["targets_met"].sum())) == (52, 240)
-    assert (len(rows), int(rows["targets_met"].sum())) == (83, 379)
+    assert (len(held), int(held["targets_met"].sum())) == (55, 240)
+    assert (len(rows), int(rows["targets_met"].sum())) == (86, 379)
     shipped = held[held["shipped"]]
-    assert (len(shipped), int(shipped["targets_met"].sum())) == (30, 137)
+    assert (len(shipped), int(shipped["targets_met"].sum())) == (33, 137)
     graphs = held[held["run"].str.contains("_sg_")]
     assert (len(graphs), int(graphs["targets_met"].sum())) == (16, 77)
     assert set(graphs["profile"]) == {
@@ -127,9 +128,9 @@ def test_pinned_shipped_suite_scoreboard():
         "qwen3-8b_h200_tp1_bs16_async.json",
     }
     eight = held[held["run"].str.contains("_d3_")]
-    assert (len(eight), int(eight["targets_met"].sum())) == (14, 60)
+    assert (len(eight), int(eight["targets_met"].sum())) == (17, 60)
     small = eight[eight["run"].str.contains("0.6b")]
-    assert (len(small), int(small["targets_met"].sum())) == (8, 21)
+    assert (len(small), int(small["targets_met"].sum())) == (11, 21)
     assert set(eight["profile"]) == {
         "qwen3-0.6b_h200_tp1_bs16_async.json",
         "qwen3-8b_h200_tp1_bs16.json",
@@ -138,10 +139,22 @@ def test_pinned_shipped_suite_scoreboard():
     }
     knees = families.set_index("family")
     assert knees["num_bracketing"].to_dict() == {
-        "mooncake_synthetic": 8,
+        "mooncake_synthetic": 9,
         "azure_code_2023": 6,
-        "azure_conv_2023": 7,
+        "azure_conv_2023": 9,
     }
+    past = ["num_past_knee", "past_knee_met", "num_past_knee_repeated", "past_knee_band_met"]
+    assert {f: tuple(v.values()) for f, v in knees[past].to_dict("index").items()} == {
+        "mooncake_synthetic": (4, 5, 2, 4),
+        "azure_code_2023": (2, 8, 1, 5),
+        "azure_conv_2023": (3, 4, 2, 4),
+    }
+    repeated = rows[rows["band_met"].notna()]
+    assert (len(repeated), int(repeated["targets_met"].sum()), int(repeated["band_met"].sum())) == (
+        17,
+        46,
+        67,
+    )
     inside = knees["real_passes_at"] <= knees["simulated_knee"]
     inside &= knees["simulated_knee"] <= knees["real_fails_at"]
     assert inside.to_dict() == {
@@ -191,7 +204,36 @@ def test_every_shipped_replay_folder_holds_its_records():
     records: a folder whose parquet files were left out of the repository fails here on a clean clone."""
     roots = (VALIDATION, VALIDATION.parent / "diagnostic")
     folders = [d for root in roots for d in sorted(root.glob("h200_*")) if d.is_dir()]
-    needed = ("run.json", "requests.parquet", "steps.parquet")
+    needed = ("run.json", "trace.parquet", "requests.parquet", "steps.parquet")
     missing = [f"{d.parent.name}/{d.name}/{f}" for d in folders for f in needed if not (d / f).is_file()]
-    assert len(folders) == 107
+    assert len(folders) == 110
     assert missing == []
+
+
+def test_replays_past_the_knee_score_their_targets_and_their_band(tmp_path):
+    """The family's replays above its simulated knee are counted apart: their targets met, and for
+    those with a repeat the targets inside the band of the two real runs (`in_band`)."""
+    base = "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x11.9"
+    first, again = (
+        "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x13.1",
+        "h200_qwen3-0.6b_bs16_async_d3_azure-conv_k1.1",
+    )
+    replays = [
+        _replay(base, 11.9, True),
+        _replay(first, 13.1, True),
+        {**_replay(again, 13.1, True), "repeat": str(VALIDATION / first)},
+    ]
+    suite = load_suite(_suite(tmp_path, replays))
+    rows, families = run_suite(suite, lambda run: PROFILE, progress=False)
+    family = families.iloc[0]
+    assert family["simulated_knee"] < 13.1
+    by_run = rows.set_index("run")
+    assert np.isnan(by_run.loc[first, "band_met"])
+    table = validate_run(VALIDATION / again, PROFILE, VALIDATION / first).table.set_index("metric")
+    band = int(table.loc[list(TARGETS), "in_band"].astype(bool).sum())
+    assert by_run.loc[again, "band_met"] == band >= by_run.loc[again, "targets_met"]
+    met = int(by_run.loc[[first, again], "targets_met"].sum())
+    assert (family["num_past_knee"], family["past_knee_met"]) == (2, met)
+    assert (family["num_past_knee_repeated"], family["past_knee_band_met"]) == (1, band)
+    text = format_scoreboard(suite, rows, families)
+    assert f"past it: 2 real replays meet {met} of 14 targets; the 1 with a repeat {band} of 7 inside" in text
