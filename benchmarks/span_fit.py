@@ -34,7 +34,7 @@ DIAGNOSTIC = ROOT / "simulator" / "data" / "diagnostic"
 SEED, HOLDOUT = 0, 0.25
 # records stem -> the profile whose options the refits take (the fit the rule compared against)
 SWEEPS = {
-    "qwen3-0.6b_h200_tp1_bs16_async": "qwen3-0.6b_h200_tp1_bs16_async.json",
+    "qwen3-0.6b_h200_tp1_bs16_async": "superseded/qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_1746.json",
     "qwen3-0.6b_h200_tp1_bs16": "superseded/qwen3-0.6b_h200_tp1_bs16_2026-12-02_1744.json",
     "qwen3-0.6b_h200_tp1_bs256": "superseded/qwen3-0.6b_h200_tp1_bs256_2026-12-02_2142.json",
     "qwen3-0.6b_h200_tp1_bs256_async": "superseded/qwen3-0.6b_h200_tp1_bs256_async_2026-12-02_1806.json",
