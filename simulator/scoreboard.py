@@ -24,6 +24,7 @@ from simulator.defaults import engine_choices
 from simulator.plan import parse_objectives, search_max_scale, violations
 from simulator.validate import TARGETS, read_run, sim_config_for, validate_run
 
+MAX_KNEE = 256.0  # the highest rate scale a knee is searched to
 SCORED = tuple(f"{m}_{s}_s" for m in ("e2e", "ttft", "tpot") for s in ("mean", "p90", "p99"))
 
 
@@ -41,9 +42,13 @@ class SuiteReplay:
 @dataclass(frozen=True)
 class Suite:
     path: Path
-    slo: str
+    slos: tuple[str, ...]  # each gives every family a knee; the first is the suite's own
     families: dict[str, Path]  # family -> the replay whose trace (at rate scale 1) the knee is searched on
     replays: tuple[SuiteReplay, ...]
+
+    @property
+    def slo(self) -> str:
+        return self.slos[0]
 
 
 def load_suite(path: str | Path) -> Suite:
@@ -65,9 +70,17 @@ def load_suite(path: str | Path) -> Suite:
             for r in raw["replays"]
         )
         families = {name: root / f["base"] for name, f in raw["families"].items()}
-        suite = Suite(path, raw.get("slo", "ttft_p99=1s"), families, replays)
+        slo = raw.get("slo", "ttft_p99=1s")
+        suite = Suite(path, (slo,) if isinstance(slo, str) else tuple(slo), families, replays)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a scoreboard suite ({type(e).__name__}: {e})") from None
+    for slo in suite.slos:
+        try:
+            parse_objectives(slo)
+        except (ValueError, AttributeError, TypeError) as e:
+            raise ValueError(f"{path}: 'slo' {slo!r}: {e}") from None
+    if not suite.slos:
+        raise ValueError(f"{path}: 'slo' lists no objective")
     for r in replays:
         if r.seen is not None and r.seen.tzinfo is None:
             raise ValueError(f"{path}: replay {r.run.name}: 'seen' needs a UTC offset, e.g. +00:00")
@@ -106,7 +119,7 @@ def score_replay(replay: SuiteReplay, profile: Path | None) -> dict:
     repeated = "repeat_error" in table
     row["repeat_spread"] = float(table.loc[list(TARGETS), "repeat_error"].abs().max()) if repeated else np.nan
     row["band_met"] = float(table.loc[list(TARGETS), "in_band"].astype(bool).sum()) if repeated else np.nan
-    row["real_ttft_p99_s"] = float(table.loc["ttft_p99_s", "real"])
+    row.update({f"real_{m}": float(table.loc[m, "real"]) for m in table.index})
     return row
 
 
@@ -121,6 +134,11 @@ def base_trace(run_dir: Path, rate_scale: float):
 def simulated_knee(base_run: Path, base_scale: float, profile: Path | None, slo: str) -> float | None:
     """The highest rate scale of `base_run`'s trace (at scale 1) whose simulation meets `slo`, on the
     replay's own configuration (its KV blocks included)."""
+    return knee_search(base_run, base_scale, profile, slo).lo
+
+
+def knee_search(base_run: Path, base_scale: float, profile: Path | None, slo: str):
+    """`simulated_knee`'s search (`plan.ScaleSearch`): `hi` None where no scale up to 256x missed."""
     from simulator.run import run_simulation
     from traces.transforms import scale_rate
 
@@ -135,7 +153,7 @@ def simulated_knee(base_run: Path, base_scale: float, profile: Path | None, slo:
             out.append(not violations(summary, objectives))
         return out
 
-    return search_max_scale(feasible, start=base_scale, tolerance=0.02, max_scale=256.0).lo
+    return search_max_scale(feasible, start=base_scale, tolerance=0.02, max_scale=MAX_KNEE)
 
 
 def engine_key(run_dir: Path) -> tuple:
@@ -152,43 +170,45 @@ _ENGINE_KEY = (
 
 
 def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | None]) -> pd.DataFrame:
-    """Per family: the simulated knee (rate scale of its base window) and the real replays' bracket:
-    the highest served scale whose real TTFT p99 met the SLO and the lowest that did not, among the
-    family's replays of the base's model and engine configuration (`engine_key`); and those replays
-    past the simulated knee: how many, their targets met, and for the ones with a repeat the targets
-    inside the band of the two real runs."""
-    limit = parse_objectives(suite.slo)[0].limit_s
+    """Per family and SLO of the suite (`slos`): the simulated knee (rate scale of its base window)
+    and the real replays' bracket: the highest served scale whose real run met the SLO and the lowest
+    that did not, among the family's replays of the base's model and engine configuration
+    (`engine_key`); and those replays past the simulated knee: how many, their targets met, and for
+    the ones with a repeat the targets inside the band of the two real runs."""
     out = []
-    for family, base in suite.families.items():
-        mine = [r for r in suite.replays if r.family == family]
-        base_replay = next((r for r in mine if r.run == base), None)
-        if base_replay is None:
-            raise ValueError(f"{suite.path}: family {family}: base {base.name!r} is not one of its replays")
-        key = engine_key(base)
-        mine = [r for r in mine if engine_key(r.run) == key]
-        knee = simulated_knee(
-            base_replay.run, base_replay.rate_scale, profiles[base_replay.run.name], suite.slo
-        )
-        served = rows.set_index("run").loc[[r.run.name for r in mine]]
-        scales = pd.Series({r.run.name: r.rate_scale for r in mine})
-        passed = scales[served["real_ttft_p99_s"] <= limit]
-        failed = scales[served["real_ttft_p99_s"] > limit]
-        past = served[scales > knee] if knee is not None else served.iloc[:0]
-        repeated = past[past["band_met"].notna()]
-        out.append(
-            {
-                "family": family,
-                "simulated_knee": knee,
-                "real_passes_at": float(passed.max()) if len(passed) else np.nan,
-                "real_fails_at": float(failed.min()) if len(failed) else np.nan,
-                "num_bracketing": len(mine),
-                "num_past_knee": len(past),
-                "past_knee_met": int(past["targets_met"].sum()),
-                "num_past_knee_repeated": len(repeated),
-                "past_knee_band_met": int(repeated["band_met"].sum()),
-            }
-        )
+    for slo in suite.slos:
+        for family, base in suite.families.items():
+            out.append({"slo": slo, **_family_knee(suite, family, base, slo, rows, profiles)})
     return pd.DataFrame(out)
+
+
+def _family_knee(suite: Suite, family: str, base: Path, slo: str, rows: pd.DataFrame, profiles) -> dict:
+    mine = [r for r in suite.replays if r.family == family]
+    base_replay = next((r for r in mine if r.run == base), None)
+    if base_replay is None:
+        raise ValueError(f"{suite.path}: family {family}: base {base.name!r} is not one of its replays")
+    key = engine_key(base)
+    mine = [r for r in mine if engine_key(r.run) == key]
+    search = knee_search(base_replay.run, base_replay.rate_scale, profiles[base_replay.run.name], slo)
+    knee = search.lo
+    served = rows.set_index("run").loc[[r.run.name for r in mine]]
+    scales = pd.Series({r.run.name: r.rate_scale for r in mine})
+    met = np.logical_and.reduce([served[f"real_{o.key}"] <= o.limit_s for o in parse_objectives(slo)])
+    passed, failed = scales[met], scales[~met]
+    past = served[scales > knee] if knee is not None else served.iloc[:0]
+    repeated = past[past["band_met"].notna()]
+    return {
+        "family": family,
+        "simulated_knee": knee,
+        "knee_found": search.hi is not None,  # else no scale up to MAX_KNEE missed
+        "real_passes_at": float(passed.max()) if len(passed) else np.nan,
+        "real_fails_at": float(failed.min()) if len(failed) else np.nan,
+        "num_bracketing": len(mine),
+        "num_past_knee": len(past),
+        "past_knee_met": int(past["targets_met"].sum()),
+        "num_past_knee_repeated": len(repeated),
+        "past_knee_band_met": int(repeated["band_met"].sum()),
+    }
 
 
 def run_suite(suite: Suite, profile_for, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -245,16 +265,28 @@ def format_scoreboard(suite: Suite, rows: pd.DataFrame, families: pd.DataFrame) 
     if held["profile"].nunique() > 1:
         lines += [_total(f"  {name.removesuffix('.json')}", group) for name, group in held.groupby("profile")]
     lines += [_total("not held-out", rows[~rows["held_out"]]), ""]
-    lines.append(f"Knee ({suite.slo}), as rate scales of each family's window:")
+    for i, (slo, group) in enumerate(families.groupby("slo", sort=False)):
+        lines += [""] * (i > 0) + _knee_lines(slo, group)
+    return "\n".join(lines)
+
+
+def _knee_lines(slo: str, families: pd.DataFrame) -> list[str]:
+    lines = [f"Knee ({slo}), as rate scales of each family's window:"]
     for _, f in families.iterrows():
-        sim = "none found" if f["simulated_knee"] is None else f"{f['simulated_knee']:.3g}x"
+        sim = _knee(f["simulated_knee"], f["knee_found"])
         lines.append(
             f"  {f['family']:<20} simulated {sim:<10} real: met at {_scale(f['real_passes_at'])}, "
             f"missed at {_scale(f['real_fails_at'])} ({f['num_bracketing']} real replays of its base's engine)"
         )
         if f["num_past_knee"]:
             lines.append(_past_knee(f))
-    return "\n".join(lines)
+    return lines
+
+
+def _knee(knee: float | None, found: bool) -> str:
+    if knee is None:
+        return "none found"
+    return f"{knee:.3g}x" if found else f"over {knee:.3g}x"
 
 
 def _past_knee(f: pd.Series) -> str:

@@ -19,10 +19,10 @@ VALIDATION = SHIPPED_PROFILE_DIR.parent / "data" / "validation"
 PROFILE = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
 
 
-def _suite(tmp_path, replays, families=None) -> str:
+def _suite(tmp_path, replays, families=None, slo="ttft_p99=1s") -> str:
     path = tmp_path / "suite.json"
     families = families or {"azure_conv_2023": {"base": replays[0]["run"]}}
-    path.write_text(json.dumps({"slo": "ttft_p99=1s", "families": families, "replays": replays}))
+    path.write_text(json.dumps({"slo": slo, "families": families, "replays": replays}))
     return str(path)
 
 
@@ -111,8 +111,9 @@ def test_pinned_shipped_suite_scoreboard():
     served after it, 18 of 56. The knees are searched and bracketed on the step-graph engine's
     replays, and every simulated knee sits above its real bracket: mooncake_synthetic 4.35x against
     3.9-4.3x, azure_code_2023 13x against a run that met and one that missed at 11.7x,
-    azure_conv_2023 12x against 10.8-11.9x. The 17 replays with a repeat meet 46 targets and have
-    65 inside their band."""
+    azure_conv_2023 12x against 10.8-11.9x. Under the suite's second SLO (mean TPOT 50 ms) only
+    mooncake_synthetic has a knee below 256x: 4.84x against 4.4-4.8x. The 17 replays with a repeat
+    meet 46 targets and have 65 inside their band."""
     from simulator.validate import validate_profile
 
     suite = load_suite(VALIDATION / "suite.json")
@@ -135,7 +136,28 @@ def test_pinned_shipped_suite_scoreboard():
     span = held[held["run"].str.contains("_sp_")]
     assert (len(span), int(span["targets_met"].sum())) == (8, 18)
     assert set(span["profile"]) == {"qwen3-0.6b_h200_tp1_bs16_async.json"}
-    knees = families.set_index("family")
+    assert list(dict.fromkeys(families["slo"])) == ["ttft_p99=1s", "tpot_mean=50ms"]
+    tpot = families[families["slo"] == "tpot_mean=50ms"].set_index("family")
+    # mooncake's mean TPOT reaches 50 ms between its 4.4x and 4.8x runs; the azure families' never
+    assert tpot["simulated_knee"].to_dict() == pytest.approx(
+        {"mooncake_synthetic": 4.84, "azure_code_2023": 256.0, "azure_conv_2023": 256.0}, abs=0.005
+    )
+    assert tpot["knee_found"].to_dict() == {
+        "mooncake_synthetic": True,
+        "azure_code_2023": False,
+        "azure_conv_2023": False,
+    }
+    assert tpot["real_passes_at"].to_dict() == {
+        "mooncake_synthetic": 4.4,
+        "azure_code_2023": 14.3,
+        "azure_conv_2023": 13.2,
+    }
+    assert tpot["real_fails_at"].fillna(0).to_dict() == {
+        "mooncake_synthetic": 4.8,
+        "azure_code_2023": 0,
+        "azure_conv_2023": 0,
+    }
+    knees = families[families["slo"] == "ttft_p99=1s"].set_index("family")
     assert knees["num_bracketing"].to_dict() == {
         "mooncake_synthetic": 12,
         "azure_code_2023": 8,
@@ -226,3 +248,30 @@ def test_replays_past_the_knee_score_their_targets_and_their_band(tmp_path):
     assert (family["num_past_knee_repeated"], family["past_knee_band_met"]) == (1, band)
     text = format_scoreboard(suite, rows, families)
     assert f"past it: 2 real replays meet {met} of 14 targets; the 1 with a repeat {band} of 7 inside" in text
+
+
+def test_each_slo_of_the_suite_gives_each_family_a_knee(tmp_path):
+    """`slo` may list several objectives: a knee per family and SLO, its real bracket from the real
+    runs' value of that metric (mean TPOT 14.2 ms at 11.9x, 16.0 ms at 13.1x); a knee no scale up to
+    256x misses reads `over`."""
+    base = "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x11.9"
+    replays = [
+        _replay(base, 11.9, True),
+        _replay("h200_qwen3-0.6b_bs16_async_sg_azure-conv_x13.1", 13.1, True),
+    ]
+    slos = ["ttft_p99=1s", "tpot_mean=15ms", "tpot_mean=1s"]
+    suite = load_suite(_suite(tmp_path, replays, slo=slos))
+    assert suite.slos == tuple(slos) and suite.slo == "ttft_p99=1s"
+    rows, families = run_suite(suite, lambda run: PROFILE, progress=False)
+    assert list(families["slo"]) == slos
+    tpot = families.set_index("slo").loc["tpot_mean=15ms"]
+    real = rows.set_index("run")["real_tpot_mean_s"]
+    assert real.iloc[0] <= 0.015 < real.iloc[1]
+    assert (tpot["real_passes_at"], tpot["real_fails_at"]) == (11.9, 13.1)
+    never = families.set_index("slo").loc["tpot_mean=1s"]
+    assert (never["simulated_knee"], never["knee_found"], never["num_past_knee"]) == (256.0, False, 0)
+    text = format_scoreboard(suite, rows, families)
+    assert "Knee (tpot_mean=15ms), as rate scales" in text
+    assert "azure_conv_2023      simulated over 256x" in text
+    with pytest.raises(ValueError, match=r"suite.json: 'slo' 'ttft=fast'"):
+        load_suite(_suite(tmp_path, replays, slo=["ttft=fast"]))
