@@ -5,9 +5,9 @@ declared held-out or not before a profile it validates is fitted; a held-out rep
 were first seen (its `seen` time) before a profile was fitted is not held out for that profile, which
 may have been designed with them in view. Per replay: the targets met, the signed error of E2E, TTFT
 and TPOT at mean, p90 and p99 and their mean absolute error, and, where a repeat exists, the real
-engine's own spread and the targets inside the band of the two real runs. Per family: the highest
-rate whose TTFT p99 meets the suite's SLO, simulated, against the real replays on either side of
-it, and how the replays past it score.
+engine's own spread and the targets inside the band of the two real runs. Per family and SLO of the
+suite (`slo`, one or a list): the highest rate that meets it, simulated, against the real replays on
+either side of it, and how the replays past it score.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def simulated_knee(base_run: Path, base_scale: float, profile: Path | None, slo:
 
 
 def knee_search(base_run: Path, base_scale: float, profile: Path | None, slo: str):
-    """`simulated_knee`'s search (`plan.ScaleSearch`): `hi` None where no scale up to 256x missed."""
+    """`simulated_knee`'s search (`plan.ScaleSearch`): `hi` None where no scale up to MAX_KNEE missed."""
     from simulator.run import run_simulation
     from traces.transforms import scale_rate
 
