@@ -179,8 +179,7 @@ def calibrate(
     args, ckpt: Path, gpu: str, block_size: int, fit_replays, replays, out: Path
 ) -> list[tuple[str, str]]:
     """Serve `ckpt` at `block_size`: profile, the fit replays, fit, save, then the replays. Returns
-    table rows."""
-    rows = []
+    table rows. The engine is closed however it ends (a sweep over its budget raises)."""
     blocks = args.num_kv_tokens // block_size if args.num_kv_tokens else None
     t0 = time.perf_counter()
     llm = LLM(
@@ -193,7 +192,18 @@ def calibrate(
         gpu_memory_utilization=args.gpu_memory_utilization,
         async_scheduling=args.async_scheduling,
     )
-    rows.append((f"bs{block_size}: engine ready (load + warm-up)", f"{time.perf_counter() - t0:.1f} s"))
+    rows = [(f"bs{block_size}: engine ready (load + warm-up)", f"{time.perf_counter() - t0:.1f} s")]
+    try:
+        return rows + serve_block(args, llm, gpu, block_size, fit_replays, replays, out)
+    finally:
+        llm.close()
+
+
+def serve_block(
+    args, llm, gpu: str, block_size: int, fit_replays, replays, out: Path
+) -> list[tuple[str, str]]:
+    """`calibrate`'s work on its engine: profile, the fit replays, fit, save, then the replays."""
+    rows = []
     t1 = time.perf_counter()
     serving = not args.no_serving_replays
     plan = plan_sweep(llm, args.estimate_profile, serving=serving, gpu=gpu)
@@ -240,7 +250,6 @@ def calibrate(
     print(profile_report(profile), flush=True)
     for name, window, scale in replays:
         rows.append(serve_replay(args, llm, gpu, block_size, name, window, scale, out))
-    llm.close()
     return rows
 
 

@@ -4,6 +4,7 @@ was held to."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -62,3 +63,4 @@ def test_a_tiny_calibration_records_its_envelope_and_estimate(monkeypatch, tmp_p
         _main(monkeypatch, "--out", str(tmp_path / "b"), "--preset", "tiny", "--max-num-seqs", "4",
               "--max-num-batched-tokens", "128", "--max-model-len", "256", "--num-kv-tokens", "2048", "--replays",
               "", "--profile-budget", "10", "--estimate-profile", str(estimator))  # fmt: skip
+    assert gc.get_freeze_count() == 0  # the engine that raised was closed: its frozen objects freed
