@@ -57,9 +57,6 @@ PREFILL_FEATURES = (
     "num_seqs",
     "num_decode_seqs",
 )
-# Which StepTime part each feature's contribution is reported under (communication is folded in).
-DECODE_PARTS = ("overhead", "linear", "attention", "attention", "attention", "attention")
-PREFILL_PARTS = ("overhead", "linear", "attention", "attention", "overhead", "overhead", "overhead")
 # The host's time of a prefill or mixed step that grows with its prefix-cache hits (the engine matches
 # a hit prompt's blocks by hash on the host): c x total_num_cached_tokens, fitted where asked.
 PREFIX_FEATURES = ("total_num_cached_tokens",)
