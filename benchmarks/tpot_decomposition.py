@@ -33,7 +33,13 @@ from simulator.validate import (  # noqa: E402
     validate_profile,
 )
 
-CLASSES = ((2, 4), (4, 33), (33, None))  # output tokens: [lo, hi)
+# (label, output tokens from, to before): the requests each row of the report averages
+ROWS = (
+    ("all", 2, None),
+    ("2-3 output tokens", 2, 4),
+    ("4-32 output tokens", 4, 33),
+    ("33+ output tokens", 33, None),
+)
 STAMP_SLACK_S = 2e-5  # a token stamp lies this close to its step's end, or later
 
 
@@ -73,8 +79,7 @@ def decompose(run: Path, profile: Path | None) -> pd.DataFrame:
     priced = step_residuals(steps, latency).reset_index(drop=True)
     out = decode_intervals(requests, priced)
     sim = run_simulation(trace, config, profile=profile, latency=latency).requests
-    sim = sim.assign(simulated=(sim["finish_s"] - sim["first_token_s"]) / (sim["num_output_tokens"] - 1))
-    return out.merge(sim[["request_id", "simulated"]], on="request_id")
+    return out.merge(sim[["request_id", "tpot_s"]].rename(columns={"tpot_s": "simulated"}), on="request_id")
 
 
 def report(run: Path, profile: Path | None, frame: pd.DataFrame) -> list[str]:
@@ -82,15 +87,9 @@ def report(run: Path, profile: Path | None, frame: pd.DataFrame) -> list[str]:
     lines = [f"{run.name} on {name}: mean TPOT, ms (error against the real TPOT)"]
     head = f"  {'requests':<24}{'n':>5}{'real':>9}{'steps':>9}{'predicted':>18}{'simulated':>18}"
     lines.append(head)
-    for lo, hi in ((2, None), *CLASSES):
-        part = frame[(frame["num_output_tokens"] >= lo) & ((frame["num_output_tokens"] < hi) if hi else True)]
-        label = (
-            "all"
-            if (lo, hi) == (2, None)
-            else f"{lo}-{hi - 1} output tokens"
-            if hi
-            else f"{lo}+ output tokens"
-        )
+    for label, lo, hi in ROWS:
+        tokens = frame["num_output_tokens"]
+        part = frame[(tokens >= lo) & (tokens < (hi or np.inf))]
         real = part["real"].mean()
         cells = [
             f"{part[c].mean() * 1e3:8.3f} ({part[c].mean() / real - 1:+6.1%})"

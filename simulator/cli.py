@@ -397,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--suite",
         help="a scoreboard suite (e.g. simulator/data/validation/suite.json): every replay it lists, "
         "held-out ones counted apart, errors of E2E/TTFT/TPOT at mean/p90/p99, and each trace family's "
-        "knee under each of the suite's SLOs simulated against the real replays around it; --profile: one for all, or 'auto' (default "
-        "here) for each replay's shipped profile",
+        "knee under each of the suite's SLOs simulated against the real replays around it; --profile: "
+        "one for all, or 'auto' (default here) for each replay's shipped profile",
     )
     val.add_argument(
         "--profile",

@@ -131,14 +131,10 @@ def base_trace(run_dir: Path, rate_scale: float):
     return meta, trace.with_frame(df)
 
 
-def simulated_knee(base_run: Path, base_scale: float, profile: Path | None, slo: str) -> float | None:
-    """The highest rate scale of `base_run`'s trace (at scale 1) whose simulation meets `slo`, on the
-    replay's own configuration (its KV blocks included)."""
-    return knee_search(base_run, base_scale, profile, slo).lo
-
-
 def knee_search(base_run: Path, base_scale: float, profile: Path | None, slo: str):
-    """`simulated_knee`'s search (`plan.ScaleSearch`): `hi` None where no scale up to MAX_KNEE missed."""
+    """The search (`plan.ScaleSearch`) for the highest rate scale of `base_run`'s trace (at scale 1)
+    whose simulation meets `slo`, on the replay's own configuration (its KV blocks included): the
+    knee is its `lo`; `hi` is None where no scale up to MAX_KNEE missed."""
     from simulator.run import run_simulation
     from traces.transforms import scale_rate
 
