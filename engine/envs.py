@@ -158,6 +158,12 @@ VARIABLES: dict[str, EnvVar] = {
             field="fused_head_argmax",
         ),
         EnvVar(
+            "KVPLAN_TABLE_ROWS", SWITCH, True,
+            "a step's block table is gathered from rows the host keeps per sequence and extends by the "
+            "blocks each step adds (TP 1); rebuilt from every sequence's list each step with `0`",
+            field="table_rows",
+        ),
+        EnvVar(
             "KVPLAN_FREEZE_GC", SWITCH, True,
             "what start-up built is moved out of Python's garbage collector's reach (as vLLM does), so "
             "a full collection no longer walks it in the middle of a step (a 0.4 s pause without); "
@@ -213,6 +219,7 @@ class KernelConfig:
     graph_copy_kernel: bool | None = _default("graph_copy_kernel")
     gemv_tuned_tiles: bool | None = _default("gemv_tuned_tiles")
     fused_head_argmax: bool | None = _default("fused_head_argmax")
+    table_rows: bool | None = _default("table_rows")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -19,7 +19,13 @@ from typing import Any
 import torch
 
 from engine.attention import AttentionBackend
-from engine.attention.metadata import AttentionMetadata, StepInputs, build_step_inputs, set_forward_context
+from engine.attention.metadata import (
+    AttentionMetadata,
+    BlockTableRows,
+    StepInputs,
+    build_step_inputs,
+    set_forward_context,
+)
 from engine.core.config import cdiv
 from engine.core.scheduler import ScheduledBatch, make_batch
 from engine.core.sequence import Sequence
@@ -83,6 +89,8 @@ def resolve_kernels(
         graph_copy_kernel=cuda and graph_inputs.available() and bool(asked.graph_copy_kernel),
         gemv_tuned_tiles=cuda and bool(asked.gemv_tuned_tiles),
         fused_head_argmax=cuda and tp_size == 1 and head_argmax.available() and bool(asked.fused_head_argmax),
+        # a worker's tables arrive as new lists every step (engine/distributed.py): nothing to keep
+        table_rows=tp_size == 1 and bool(asked.table_rows),
     )
 
 
@@ -172,6 +180,12 @@ class ModelRunner:
         self._stream = torch.cuda.current_stream(device) if self.cuda else None
         self._token_buffers = self._token_host_buffers()
         self._num_staged = 0
+        # the running sequences' block tables, kept between steps (unless table_rows is off)
+        self._table_rows = (
+            BlockTableRows(2 * max_num_seqs, cdiv(max_model_len, block_size))
+            if self.kernels.table_rows
+            else None
+        )
         with self.kernels.activate():  # what start-up launches and captures runs under the config
             self.kv_cache = self._allocate_kv_cache(num_kv_blocks, gpu_memory_utilization, enforce_eager)
             self.kv_cache.bind(self.model.attention_layers(), backend)
@@ -489,7 +503,7 @@ class ModelRunner:
         the rows that sample, in batch order. `input_ids`: as for `launch`. (Its kernels read the
         kernel config that `launch` and `compute_logits` activate.)"""
         staging = self._staging.acquire()
-        inputs = build_step_inputs(batch, self.block_size, self.device, staging)
+        inputs = build_step_inputs(batch, self.block_size, self.device, staging, self._table_rows)
         self._staging.copied(self._stream)
         if input_ids is not None:
             inputs.input_ids.copy_(input_ids, non_blocking=True)

@@ -147,7 +147,12 @@ def test_resolve_on_a_cpu():
     got = resolve_kernels(asked, TorchSDPABackend(), torch.device("cpu"), 1, use_graphs=False)
     assert got == KernelConfig(
         decode_kernel=None, decode_balanced=None, decode_fine_splits=None, layer_kernels="torch",
-        **{field: False for field in SWITCH_FIELDS if field not in ("decode_balanced", "decode_fine_splits")},
+        table_rows=True,  # the host's block tables: no kernel, so on a CPU too
+        **{
+            field: False
+            for field in SWITCH_FIELDS
+            if field not in ("decode_balanced", "decode_fine_splits", "table_rows")
+        },
     )  # fmt: skip
     with pytest.raises(ValueError, match="needs a CUDA device"):
         resolve_kernels(
@@ -183,6 +188,7 @@ def test_resolve_turns_off_what_cannot_run(monkeypatch):
     assert got.fused_head_argmax is False  # tensor parallel: no fused head
     assert got.prefill_graphs is False  # no decode graphs (enforce_eager): no piecewise ones
     assert got.step_graphs is False
+    assert got.table_rows is False  # a worker's tables arrive as new lists every step
     assert (
         resolve_kernels(asked, TorchSDPABackend(), cuda, 1, True).step_graphs is False
     )  # not step-graph safe

@@ -1,0 +1,88 @@
+"""Host time of one decode step's inputs (`build_step_inputs`), block tables rebuilt from every
+sequence's list against gathered from the rows a `BlockTableRows` keeps (the engine's default).
+
+Each shape decodes `--steps` steps of `batch` sequences of `context` tokens (a block opened where a
+sequence's tokens cross one, as the block manager deals them), building each step's inputs on the
+CPU (the host's part: the arrays, without the copy to a GPU). Prints per shape the median µs a step
+of each way and their ratio, thread CPU time. Not a test.
+
+    python benchmarks/bench_step_inputs.py [--steps 64] [--shapes 1x1024x16,64x24576x16,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from engine.attention.metadata import BlockTableRows, build_step_inputs  # noqa: E402
+from engine.core.config import cdiv  # noqa: E402
+from engine.core.scheduler import make_batch  # noqa: E402
+from engine.core.sequence import Sequence  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+
+# (batch, context tokens, block size): the single stream, serving's long contexts at block 16 (the
+# shapes whose host cost grew with the table), the nano-vllm recipe's widest decode at block 256
+DEFAULT_SHAPES = "1x1024x16,32x8192x16,64x24576x16,128x8192x16,256x4096x16,128x32768x16,256x4096x256"
+
+
+def decode_batch(seqs: list[Sequence], block_size: int, next_block: list[int]):
+    """The next decode step of `seqs`: each appends a token (a new block where it opens one)."""
+    for seq in seqs:
+        c = len(seq.token_ids)
+        seq.token_ids.append(0)
+        seq.num_computed_tokens = c
+        if c % block_size == 0:
+            seq.block_table.append(next_block[0])
+            next_block[0] += 1
+    n = len(seqs)
+    return make_batch(seqs, [1] * n, [s.num_computed_tokens for s in seqs], [0] * n, [], 0, n)
+
+
+def time_shape(batch: int, context: int, block_size: int, steps: int, rows: bool) -> float:
+    """Median thread-CPU µs of one step's `build_step_inputs`."""
+    params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
+    nb = cdiv(context, block_size)
+    seqs = []
+    for i in range(batch):
+        seq = Sequence(i, [0] * (context - 1), params, 0.0)
+        seq.block_table = list(range(i * nb, (i + 1) * nb))
+        seqs.append(seq)
+    table_rows = BlockTableRows(2 * batch, cdiv(context + steps + 8, block_size)) if rows else None
+    next_block, cpu, times = [batch * nb], torch.device("cpu"), []
+    for step in range(steps + 4):
+        b = decode_batch(seqs, block_size, next_block)
+        t0 = time.thread_time()
+        build_step_inputs(b, block_size, cpu, table_rows=table_rows)
+        if step >= 4:  # the first steps write every row
+            times.append(time.thread_time() - t0)
+    return statistics.median(times) * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="BATCHxCONTEXTxBLOCK, comma-separated")
+    args = ap.parse_args()
+    print(
+        f"{'batch':>6} {'context':>8} {'block':>6} {'width':>6} {'rebuilt µs':>11} {'rows µs':>9} {'ratio':>6}"
+    )
+    for shape in args.shapes.split(","):
+        batch, context, block_size = (int(x) for x in shape.split("x"))
+        rebuilt = time_shape(batch, context, block_size, args.steps, rows=False)
+        kept = time_shape(batch, context, block_size, args.steps, rows=True)
+        width = cdiv(context, block_size)
+        print(
+            f"{batch:>6} {context:>8} {block_size:>6} {width:>6} {rebuilt:>11.0f} {kept:>9.0f} {rebuilt / kept:>5.1f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
