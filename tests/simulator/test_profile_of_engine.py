@@ -33,12 +33,28 @@ def test_the_newest_superseded_profile_of_the_replays_engine(tmp_path):
     assert profile_of_engine(lone, {}) == lone  # nothing matches: the shipped one
 
 
+def test_every_engine_choice_must_match(tmp_path):
+    """Whole-step graphs and kept block-table rows: a replay of graphs without rows is priced on the
+    newest fit recorded so, not on one of neither or of both."""
+    shipped = _profile(
+        tmp_path / "m_bs16.json", "2026-12-04T01:23:00+00:00", step_graphs=True, table_rows=True
+    )
+    old = tmp_path / "superseded"
+    graphs = _profile(old / "m_bs16_2026-12-03_1453.json", "2026-12-03T14:53:00+00:00", step_graphs=True)
+    _profile(old / "m_bs16_2026-12-02_1222.json", "2026-12-02T12:22:00+00:00")
+    assert profile_of_engine(shipped, {"step_graphs": True, "table_rows": True}) == shipped
+    assert profile_of_engine(shipped, {"step_graphs": True}) == graphs
+    assert profile_of_engine(shipped, {"step_graphs": True, "table_rows": False}) == graphs
+
+
 def test_validate_auto_pairs_replays_with_their_engines_profile():
     pairs = {
         "h200_qwen3-0.6b_bs16_azure-conv_x4b": "superseded/qwen3-0.6b_h200_tp1_bs16_2026-12-02_1222.json",
         "h200_qwen3-0.6b_bs16_async_azure-conv_x4b": "superseded/qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_1222.json",
         "h200_qwen3-0.6b_bs16_sg_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16.json",
-        "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16_async.json",
+        # the engine before kept block-table rows: the block-16 async fit it was served beside
+        "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x1": "superseded/qwen3-0.6b_h200_tp1_bs16_async_2026-12-03_1453.json",
+        "h200_qwen3-0.6b_bs16_async_tr_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16_async.json",
         "h200_qwen3-0.6b_bs256_async_azure-conv_x4b": "superseded/qwen3-0.6b_h200_tp1_bs256_async_2026-12-02_1222.json",
         "h200_qwen3-0.6b_bs256_async_sg_azure-conv_x8": "qwen3-0.6b_h200_tp1_bs256_async.json",
         "h200_qwen3-0.6b_bs256_light": "superseded/qwen3-0.6b_h200_tp1_bs256_2026-12-02_0721.json",
