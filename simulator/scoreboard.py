@@ -5,9 +5,10 @@ declared held-out or not before a profile it validates is fitted; a held-out rep
 were first seen (its `seen` time) before a profile was fitted is not held out for that profile, which
 may have been designed with them in view. Per replay: the targets met, the signed error of E2E, TTFT
 and TPOT at mean, p90 and p99 and their mean absolute error, and, where a repeat exists, the real
-engine's own spread and the targets inside the band of the two real runs. Per family and SLO of the
-suite (`slo`, one or a list): the highest rate that meets it, simulated, against the real replays on
-either side of it, and how the replays past it score.
+engine's own spread and the targets inside the band of the two real runs. Per family, SLO of the
+suite (`slo`, one or a list) and engine configuration (the family's `base`, one replay or a list, one
+per engine): the highest rate that meets it, simulated on the base's profile, against the real
+replays of that engine on either side of it, and how the replays past it score.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ class SuiteReplay:
 class Suite:
     path: Path
     slos: tuple[str, ...]  # each gives every family a knee; the first is the suite's own
-    families: dict[str, Path]  # family -> the replay whose trace (at rate scale 1) the knee is searched on
+    # family -> the replays whose trace (at rate scale 1) a knee is searched on: one per engine
+    # configuration (`engine_key`), each bracketed by the family's real replays of its own engine
+    families: dict[str, tuple[Path, ...]]
     replays: tuple[SuiteReplay, ...]
 
     @property
@@ -69,7 +72,7 @@ def load_suite(path: str | Path) -> Suite:
             )
             for r in raw["replays"]
         )
-        families = {name: root / f["base"] for name, f in raw["families"].items()}
+        families = {name: _bases(root, f["base"]) for name, f in raw["families"].items()}
         slo = raw.get("slo", "ttft_p99=1s")
         suite = Suite(path, (slo,) if isinstance(slo, str) else tuple(slo), families, replays)
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -87,6 +90,14 @@ def load_suite(path: str | Path) -> Suite:
         if r.family not in families:
             raise ValueError(f"{path}: replay {r.run.name}: family {r.family!r} is not in 'families'")
     return suite
+
+
+def _bases(root: Path, base: str | list[str]) -> tuple[Path, ...]:
+    """A family's `base`: one replay folder, or a list of them (one per engine configuration)."""
+    names = [base] if isinstance(base, str) else list(base)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"a family's 'base' is a replay folder or a list of them, got {base!r}")
+    return tuple(root / n for n in names)
 
 
 def held_out_for(replay: SuiteReplay, profile: Path | None) -> bool:
@@ -173,8 +184,9 @@ def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | Non
     the ones with a repeat the targets inside the band of the two real runs."""
     out = []
     for slo in suite.slos:
-        for family, base in suite.families.items():
-            out.append({"slo": slo, **_family_knee(suite, family, base, slo, rows, profiles)})
+        for family, bases in suite.families.items():
+            for base in bases:
+                out.append({"slo": slo, **_family_knee(suite, family, base, slo, rows, profiles)})
     return pd.DataFrame(out)
 
 
@@ -195,6 +207,8 @@ def _family_knee(suite: Suite, family: str, base: Path, slo: str, rows: pd.DataF
     repeated = past[past["band_met"].notna()]
     return {
         "family": family,
+        "base": base.name,
+        "base_profile": _name(profiles[base_replay.run.name]),
         "simulated_knee": knee,
         "knee_found": search.hi is not None,  # else no scale up to MAX_KNEE missed
         "real_passes_at": float(passed.max()) if len(passed) else np.nan,
@@ -268,11 +282,13 @@ def format_scoreboard(suite: Suite, rows: pd.DataFrame, families: pd.DataFrame) 
 
 def _knee_lines(slo: str, families: pd.DataFrame) -> list[str]:
     lines = [f"Knee ({slo}), as rate scales of each family's window:"]
-    for _, f in families.iterrows():
+    several = families["family"].duplicated(keep=False)  # a family with a base per engine
+    for (_, f), named in zip(families.iterrows(), several):
         sim = _knee(f["simulated_knee"], f["knee_found"])
+        engine = f"; on {f['base_profile'].removesuffix('.json')}" if named else ""
         lines.append(
             f"  {f['family']:<20} simulated {sim:<10} real: met at {_scale(f['real_passes_at'])}, "
-            f"missed at {_scale(f['real_fails_at'])} ({f['num_bracketing']} real replays of its base's engine)"
+            f"missed at {_scale(f['real_fails_at'])} ({f['num_bracketing']} real replays of its base's engine{engine})"
         )
         if f["num_past_knee"]:
             lines.append(_past_knee(f))
@@ -287,7 +303,7 @@ def _knee(knee: float | None, found: bool) -> str:
 
 def _past_knee(f: pd.Series) -> str:
     n, k = int(f["num_past_knee"]), len(TARGETS)
-    line = f"  {'':<20} past it: {n} real replays meet {f['past_knee_met']} of {n * k} targets"
+    line = f"  {'':<20} past it: {n} real {'replay meets' if n == 1 else 'replays meet'} {f['past_knee_met']} of {n * k} targets"
     if f["num_past_knee_repeated"]:
         r = int(f["num_past_knee_repeated"])
         line += f"; the {r} with a repeat {f['past_knee_band_met']} of {r * k} inside the band of their two real runs"

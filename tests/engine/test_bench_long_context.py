@@ -107,6 +107,7 @@ def test_end_to_end_on_cpu_with_prefix_hits(tmp_path: Path) -> None:
     assert saved["shared_prefix_tokens"] == 2 * 1024
     assert (saved["prefix_queried_tokens"], saved["prefix_hit_tokens"]) == (3630, 2 * 1024)
     assert saved["prefix_hit_rate"] == round(2048 / 3630, 4)
-    assert saved["tok_per_s"] == pytest.approx(3644 / saved["wall_s"], rel=0.01)
+    wall = saved["wall_s"]  # rounded to 1 ms: a CPU run of some 50 ms is 1 % off by rounding alone
+    assert 3644 / (wall + 5e-4) - 0.05 <= saved["tok_per_s"] <= 3644 / (wall - 5e-4) + 0.05
     assert saved["floor"]["per_step_floor_s"] > 0 and saved["floor"]["fraction_of_floor"] > 0
     assert (saved["device"], saved["backend"], saved["async_scheduling"]) == ("cpu", "torch", True)

@@ -117,14 +117,17 @@ def test_pinned_shipped_suite_scoreboard():
     3.9-4.3x, azure_code_2023 13x against a run that met and one that missed at 11.7x,
     azure_conv_2023 12x against 10.8-11.9x. Under the suite's second SLO (mean TPOT 50 ms) only
     mooncake_synthetic has a knee below 256x: 4.84x against 4.4-4.8x. The 17 replays with a repeat
-    meet 46 targets and have 65 inside their band."""
+    meet 46 targets and have 65 inside their band. Each family's second base is a replay of the
+    engine with kept block-table rows, whose knees (on its block-16 async profile) sit inside the
+    real runs at 0.9x and 1.1x of them (not held out: declared after the fit): mooncake 4.32x in
+    3.9-4.8x, azure_code 12.7x in 11.4-14x, azure_conv 11.7x in 10.6-12.9x."""
     from simulator.validate import validate_profile
 
     suite = load_suite(VALIDATION / "suite.json")
     rows, families = run_suite(suite, lambda run: validate_profile("auto", run), progress=False)
     held = rows[rows["held_out"]]
     assert (len(held), int(held["targets_met"].sum())) == (42, 196)
-    assert (len(rows), int(rows["targets_met"].sum())) == (97, 410)
+    assert (len(rows), int(rows["targets_met"].sum())) == (103, 435)
     shipped = held[held["shipped"]]
     assert (len(shipped), int(shipped["targets_met"].sum())) == (12, 75)
     graphs = held[held["run"].str.contains("_sg_")]
@@ -144,6 +147,9 @@ def test_pinned_shipped_suite_scoreboard():
     assert (len(rows_engine), int(rows_engine["targets_met"].sum())) == (3, 17)
     assert set(rows_engine["profile"]) == {"qwen3-0.6b_h200_tp1_bs16_async.json"}
     assert list(dict.fromkeys(families["slo"])) == ["ttft_p99=1s", "tpot_mean=50ms"]
+    kept_rows = families[families["base_profile"] == "qwen3-0.6b_h200_tp1_bs16_async.json"]
+    _kept_rows_knees(kept_rows.set_index(["slo", "family"]))
+    families = families[families["base_profile"] != "qwen3-0.6b_h200_tp1_bs16_async.json"]
     tpot = families[families["slo"] == "tpot_mean=50ms"].set_index("family")
     # mooncake's mean TPOT reaches 50 ms between its 4.4x and 4.8x runs; the azure families' never
     assert tpot["simulated_knee"].to_dict() == pytest.approx(
@@ -187,6 +193,32 @@ def test_pinned_shipped_suite_scoreboard():
     }
 
 
+def _kept_rows_knees(knees) -> None:
+    """The knees of the engine with kept block-table rows (its replays at 0.9x and 1.1x of each)."""
+    ttft = knees.loc["ttft_p99=1s"]
+    assert ttft["simulated_knee"].to_dict() == pytest.approx(
+        {"mooncake_synthetic": 4.32, "azure_code_2023": 12.70, "azure_conv_2023": 11.69}, abs=0.005
+    )
+    assert ttft[["real_passes_at", "real_fails_at"]].to_dict("index") == {
+        "mooncake_synthetic": {"real_passes_at": 3.9, "real_fails_at": 4.8},
+        "azure_code_2023": {"real_passes_at": 11.4, "real_fails_at": 14.0},
+        "azure_conv_2023": {"real_passes_at": 10.6, "real_fails_at": 12.9},
+    }
+    assert (
+        (ttft["real_passes_at"] < ttft["simulated_knee"]) & (ttft["simulated_knee"] < ttft["real_fails_at"])
+    ).all()
+    past = ["num_bracketing", "num_past_knee", "past_knee_met"]
+    assert {f: tuple(v.values()) for f, v in ttft[past].to_dict("index").items()} == {
+        "mooncake_synthetic": (3, 1, 1),
+        "azure_code_2023": (3, 1, 7),
+        "azure_conv_2023": (3, 1, 4),
+    }
+    tpot = knees.loc["tpot_mean=50ms"]
+    assert tpot["simulated_knee"].to_dict() == pytest.approx(
+        {"mooncake_synthetic": 4.86, "azure_code_2023": 256.0, "azure_conv_2023": 256.0}, abs=0.005
+    )
+
+
 def test_a_replay_seen_before_a_profile_was_fitted_is_not_held_out_for_it(tmp_path):
     profile = SHIPPED_PROFILE_DIR / "superseded" / "qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_0709.json"
     created = json.loads(profile.read_text())["created"]
@@ -224,7 +256,7 @@ def test_every_shipped_replay_folder_holds_its_records():
     folders = [d for root in roots for d in sorted(root.glob("h200_*")) if d.is_dir()]
     needed = ("run.json", "trace.parquet", "requests.parquet", "steps.parquet")
     missing = [f"{d.parent.name}/{d.name}/{f}" for d in folders for f in needed if not (d / f).is_file()]
-    assert len(folders) == 121
+    assert len(folders) == 127
     assert missing == []
 
 
@@ -282,3 +314,28 @@ def test_each_slo_of_the_suite_gives_each_family_a_knee(tmp_path):
     assert "azure_conv_2023      simulated over 256x" in text
     with pytest.raises(ValueError, match=r"suite.json: 'slo' 'ttft=fast'"):
         load_suite(_suite(tmp_path, replays, slo=["ttft=fast"]))
+
+
+def test_a_family_with_a_base_per_engine_gets_a_knee_for_each(tmp_path):
+    """`base` as a list: one knee a base, each on its own profile and bracketed by the replays of its
+    own engine only, each line naming that profile; a base that is no replay folder name fails."""
+    old, new = (
+        "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x11.9",
+        "h200_qwen3-0.6b_bs16_async_tr_azure-conv_k0.9",
+    )
+    replays = [_replay(old, 11.9, False), _replay(new, 10.6, False), _replay(new[:-4] + "k1.1", 12.9, False)]
+    shipped = SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
+    families = {"azure_conv_2023": {"base": [replays[0]["run"], replays[1]["run"]]}}
+    suite = load_suite(_suite(tmp_path, replays, families))
+    assert suite.families["azure_conv_2023"] == (VALIDATION / old, VALIDATION / new)
+    rows, knees = run_suite(suite, lambda run: PROFILE if "_sg_" in run.name else shipped, progress=False)
+    assert list(knees["base"]) == [old, new]
+    assert list(knees["num_bracketing"]) == [1, 2]  # each base's engine: its own replays
+    assert list(knees["real_passes_at"].fillna(0)) == [0, 10.6]  # the old engine's one replay missed
+    assert list(knees["real_fails_at"]) == [11.9, 12.9]
+    text = format_scoreboard(suite, rows, knees)
+    assert "(1 real replays of its base's engine; on qwen3-0.6b_h200_tp1_bs16_async_2026-12-03_1453)" in text
+    assert "(2 real replays of its base's engine; on qwen3-0.6b_h200_tp1_bs16_async)" in text
+    bad = {"azure_conv_2023": {"base": [1]}}
+    with pytest.raises(ValueError, match="suite.json: not a scoreboard suite .*'base' is a replay folder"):
+        load_suite(_suite(tmp_path, replays, bad))
