@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'records':<42} {'fit':<13} {'decode':>15} {'not ahead':>15} {'prefill+mixed':>15}  table term")
     for path in files:
         stem = path.stem.removeprefix("steps_")
-        like = LatencyProfile.load(PROFILES / f"{stem}.json")
+        # a dated records file (a sweep since superseded) goes with the superseded profile of its name
+        shipped = PROFILES / f"{stem}.json"
+        like = LatencyProfile.load(shipped if shipped.is_file() else PROFILES / "superseded" / f"{stem}.json")
         records = pd.read_parquet(path)
         used = _used(records)
         for host_table in (False, True):
