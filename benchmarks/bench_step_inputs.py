@@ -6,7 +6,7 @@ sequence's tokens cross one, as the block manager deals them), building each ste
 CPU (the host's part: the arrays, without the copy to a GPU). Prints per shape the median µs a step
 of each way and their ratio, thread CPU time. Not a test.
 
-    python benchmarks/bench_step_inputs.py [--steps 64] [--shapes 1x1024x16,64x24576x16,...]
+    python benchmarks/bench_step_inputs.py [--steps 64] [--shapes 1x1024x16,32x32768x16,...]
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from engine.core.scheduler import make_batch  # noqa: E402
 from engine.core.sequence import Sequence  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
-# (batch, context tokens, block size): the single stream, serving's long contexts at block 16 (the
-# shapes whose host cost grew with the table), the nano-vllm recipe's widest decode at block 256
-DEFAULT_SHAPES = "1x1024x16,32x8192x16,64x24576x16,128x8192x16,256x4096x16,128x32768x16,256x4096x256"
+# (batch, context tokens, block size): the single stream; four block-16 batches of about 1M context
+# tokens (a full H200 cache of Qwen3-0.6B), from long sequences to many; the nano-vllm recipe's
+# widest decode at block 256
+DEFAULT_SHAPES = "1x1024x16,32x32768x16,64x16384x16,128x8192x16,256x4096x16,256x4096x256"
 
 
 def decode_batch(seqs: list[Sequence], block_size: int, next_block: list[int]):

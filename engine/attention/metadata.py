@@ -90,8 +90,8 @@ class BlockTableRows:
     where building it from every sequence's list costs rows x width Python conversions (2,048-wide
     rows at 32k tokens of block 16). A row belongs to one table list (`Sequence.block_table`, which
     the block manager only appends to while the sequence holds it, and replaces when it frees it);
-    rows of tables absent from a step are reused once no row is free. Entries past a table's length
-    read 0, as `build_step_inputs` pads them without rows."""
+    rows of tables absent from a step are reused once no row is free (so it holds no more lists than
+    it has rows). Entries past a table's length read 0, as `build_step_inputs` pads them without rows."""
 
     __slots__ = ("rows", "_entries", "_free", "_step")
 
