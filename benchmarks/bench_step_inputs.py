@@ -4,14 +4,18 @@ sequence's list against gathered from the rows a `BlockTableRows` keeps (the eng
 Each shape decodes `--steps` steps of `batch` sequences of `context` tokens (a block opened where a
 sequence's tokens cross one, as the block manager deals them), building each step's inputs on the
 CPU (the host's part: the arrays, without the copy to a GPU). Prints per shape the median µs a step
-of each way and their ratio, thread CPU time. Not a test.
+of each way and their ratio, thread CPU time. With `--tp-message`, also what rank 0 sends a
+tensor-parallel worker each step (`engine.distributed.StepMessage`): pickled bytes and µs to build
+and pickle it, whole tables against the blocks added since the step before (`TableDeltas`).
+Not a test.
 
-    python benchmarks/bench_step_inputs.py [--steps 64] [--shapes 1x1024x16,32x32768x16,...]
+    python benchmarks/bench_step_inputs.py [--steps 64] [--shapes 1x1024x16,32x32768x16,...] [--tp-message]
 """
 
 from __future__ import annotations
 
 import argparse
+import pickle
 import statistics
 import sys
 import time
@@ -25,6 +29,7 @@ from engine.attention.metadata import BlockTableRows, build_step_inputs  # noqa:
 from engine.core.config import cdiv  # noqa: E402
 from engine.core.scheduler import make_batch  # noqa: E402
 from engine.core.sequence import Sequence  # noqa: E402
+from engine.distributed import StepMessage, TableDeltas  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 # (batch, context tokens, block size): the single stream; four block-16 batches of about 1M context
@@ -46,8 +51,8 @@ def decode_batch(seqs: list[Sequence], block_size: int, next_block: list[int]):
     return make_batch(seqs, [1] * n, [s.num_computed_tokens for s in seqs], [0] * n, [], 0, n)
 
 
-def time_shape(batch: int, context: int, block_size: int, steps: int, rows: bool) -> float:
-    """Median thread-CPU µs of one step's `build_step_inputs`."""
+def make_seqs(batch: int, context: int, block_size: int) -> list[Sequence]:
+    """`batch` sequences of `context` - 1 tokens, each holding the blocks of its tokens."""
     params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
     nb = cdiv(context, block_size)
     seqs = []
@@ -55,6 +60,27 @@ def time_shape(batch: int, context: int, block_size: int, steps: int, rows: bool
         seq = Sequence(i, [0] * (context - 1), params, 0.0)
         seq.block_table = list(range(i * nb, (i + 1) * nb))
         seqs.append(seq)
+    return seqs
+
+
+def time_message(batch: int, context: int, block_size: int, steps: int, deltas: bool) -> tuple[float, int]:
+    """Median thread-CPU µs to build and pickle one step's worker message, and its median bytes."""
+    seqs, tables = make_seqs(batch, context, block_size), TableDeltas(4 * batch) if deltas else None
+    next_block, times, sizes = [batch * cdiv(context, block_size)], [], []
+    for step in range(steps + 4):
+        b = decode_batch(seqs, block_size, next_block)
+        t0 = time.thread_time()
+        payload = pickle.dumps(StepMessage.from_batch(b, tables), protocol=pickle.HIGHEST_PROTOCOL)
+        if step >= 4:  # the first step sends every table whole
+            times.append(time.thread_time() - t0)
+            sizes.append(len(payload))
+    return statistics.median(times) * 1e6, int(statistics.median(sizes))
+
+
+def time_shape(batch: int, context: int, block_size: int, steps: int, rows: bool) -> float:
+    """Median thread-CPU µs of one step's `build_step_inputs`."""
+    seqs = make_seqs(batch, context, block_size)
+    nb = cdiv(context, block_size)
     table_rows = BlockTableRows(2 * batch, cdiv(context + steps + 8, block_size)) if rows else None
     next_block, cpu, times = [batch * nb], torch.device("cpu"), []
     for step in range(steps + 4):
@@ -70,6 +96,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="BATCHxCONTEXTxBLOCK, comma-separated")
+    ap.add_argument("--tp-message", action="store_true", help="also time a tensor-parallel worker's message")
     args = ap.parse_args()
     print(
         f"{'batch':>6} {'context':>8} {'block':>6} {'width':>6} {'rebuilt µs':>11} {'rows µs':>9} {'ratio':>6}"
@@ -82,6 +109,17 @@ def main() -> int:
         print(
             f"{batch:>6} {context:>8} {block_size:>6} {width:>6} {rebuilt:>11.0f} {kept:>9.0f} {rebuilt / kept:>5.1f}x"
         )
+    if args.tp_message:
+        print(
+            f"\n{'batch':>6} {'context':>8} {'block':>6} {'whole µs':>9} {'bytes':>9} {'deltas µs':>10} {'bytes':>7}"
+        )
+        for shape in args.shapes.split(","):
+            batch, context, block_size = (int(x) for x in shape.split("x"))
+            whole_us, whole_b = time_message(batch, context, block_size, args.steps, deltas=False)
+            delta_us, delta_b = time_message(batch, context, block_size, args.steps, deltas=True)
+            print(
+                f"{batch:>6} {context:>8} {block_size:>6} {whole_us:>9.0f} {whole_b:>9,} {delta_us:>10.0f} {delta_b:>7,}"
+            )
     return 0
 
 

@@ -104,33 +104,114 @@ class WorkerBatch:
         return len(self.seqs)
 
 
+class TableDeltas:
+    """Rank 0's record of the block tables the workers hold (`WorkerTables`): per sequence id, the
+    table list last sent and how many of its entries. A step then sends each sequence only the blocks
+    it added since (all of its table where the list is new: first seen, or replaced when its blocks
+    were freed), and, once more than `keep` sequences are held, the ids the workers may forget (those
+    absent from the step)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._sent: dict[int, tuple[list[int], int]] = {}  # seq id -> (its list, entries sent)
+
+    def parts(
+        self, seqs: tuple
+    ) -> tuple[tuple[int, ...], list[list[int]], tuple[bool, ...], tuple[int, ...]]:
+        """(sequence ids, each one's blocks to send, whether those are its whole table, ids to forget)."""
+        sent, ids, parts, whole = self._sent, [], [], []
+        for seq in seqs:
+            table, entry = seq.block_table, sent.get(seq.seq_id)
+            if entry is not None and entry[0] is table:  # the same list: it only grew
+                parts.append(table[entry[1] :])
+                whole.append(False)
+            else:
+                parts.append(list(table))
+                whole.append(True)
+            sent[seq.seq_id] = (table, len(table))
+            ids.append(seq.seq_id)
+        forget: tuple[int, ...] = ()
+        if len(sent) > self.keep:
+            now = set(ids)
+            forget = tuple(k for k in sent if k not in now)
+            for k in forget:
+                del sent[k]
+        return tuple(ids), parts, tuple(whole), forget
+
+
+class WorkerTables:
+    """A worker's block tables, rebuilt from rank 0's `TableDeltas` messages and kept between steps:
+    a sequence keeps its list while rank 0 keeps its own (so the worker's `BlockTableRows` keeps the
+    row), and gets a new list when rank 0 sends its whole table."""
+
+    def __init__(self) -> None:
+        self._tables: dict[int, list[int]] = {}
+
+    def apply(self, ids, parts, whole, forget) -> list[list[int]]:
+        tables = self._tables
+        for k in forget:
+            tables.pop(k, None)
+        out = []
+        for seq_id, part, is_whole in zip(ids, parts, whole):
+            if is_whole:
+                table = tables[seq_id] = list(part)
+            else:
+                table = tables[seq_id]
+                table.extend(part)
+            out.append(table)
+        return out
+
+
 @dataclass(frozen=True)
 class StepMessage:
     """One step's batch as the workers need it, per sequence: the token ids computed this step, the
-    tokens already cached before them, the block table and whether a token is sampled (every rank
-    computes its vocabulary shard of the sampled rows' logits); and the step's kind."""
+    tokens already cached before them, its id and block table (whole, or with `TableDeltas` the
+    blocks added since the step before: `table_whole` says which) and whether a token is sampled
+    (every rank computes its vocabulary shard of the sampled rows' logits); the step's kind; and the
+    sequence ids whose tables the workers may forget."""
 
     token_ids: list[list[int]]
     num_computed_tokens: tuple[int, ...]
+    seq_ids: tuple[int, ...]
     block_tables: list[list[int]]
+    table_whole: tuple[bool, ...]
     do_sample: tuple[bool, ...]
     kind: str
+    forget: tuple[int, ...] = ()
 
     @classmethod
-    def from_batch(cls, batch: ScheduledBatch) -> StepMessage:
+    def from_batch(cls, batch: ScheduledBatch, deltas: TableDeltas | None = None) -> StepMessage:
+        """The batch's message; with `deltas`, tables as the blocks added since the last message."""
         grants = zip(batch.seqs, batch.num_computed_tokens, batch.num_scheduled_tokens)
+        if deltas is not None:
+            ids, tables, whole, forget = deltas.parts(batch.seqs)
+        else:
+            ids, tables = tuple(s.seq_id for s in batch.seqs), [s.block_table for s in batch.seqs]
+            whole, forget = (True,) * batch.num_seqs, ()
         return cls(
             token_ids=[s.token_ids[c : c + n] for s, c, n in grants],
             num_computed_tokens=tuple(batch.num_computed_tokens),
-            block_tables=[s.block_table for s in batch.seqs],
+            seq_ids=ids,
+            block_tables=tables,
+            table_whole=whole,
             do_sample=tuple(batch.do_sample),
             kind=batch.kind,
+            forget=forget,
         )
 
-    def to_batch(self) -> WorkerBatch:
+    def to_batch(self, tables: WorkerTables | None = None) -> WorkerBatch:
+        """The worker's batch; `tables` (required where the message carries deltas) keeps the tables."""
+        if tables is not None:
+            block_tables = tables.apply(self.seq_ids, self.block_tables, self.table_whole, self.forget)
+        elif all(self.table_whole):
+            block_tables = self.block_tables
+        else:
+            raise ValueError(
+                "StepMessage.to_batch: a message of table deltas needs the worker's WorkerTables"
+            )
         seqs = tuple(
             WorkerSequence(_TokenWindow(c, t), table)
-            for t, c, table in zip(self.token_ids, self.num_computed_tokens, self.block_tables)
+            for t, c, table in zip(self.token_ids, self.num_computed_tokens, block_tables)
         )
         num_new = tuple(len(t) for t in self.token_ids)
         return WorkerBatch(seqs, num_new, self.num_computed_tokens, self.do_sample, self.kind)
@@ -194,11 +275,11 @@ def worker_main(rank: int, args: WorkerArgs, conn: Any) -> None:
         )  # fmt: skip
         if args.freeze_gc:  # as rank 0 does: a full collection would stall every rank's collectives
             gc.freeze()
-        exit_at, step = _test_exit_step(rank), 0
+        exit_at, step, tables = _test_exit_step(rank), 0, WorkerTables()
         while (payload := _receive(conn)) != _STOP:
             if step == exit_at:
                 os._exit(TEST_EXIT_CODE)
-            runner.run(pickle.loads(payload).to_batch())
+            runner.run(pickle.loads(payload).to_batch(tables))
             step += 1
         runner.close()
         dist.destroy_process_group()
@@ -245,6 +326,8 @@ class MultiprocExecutor:
             )
         self.tp_size, self.join_timeout_s = tp_size, join_timeout_s
         self.num_steps = 0
+        # the block tables the workers hold: each step sends the blocks added since
+        self._tables = TableDeltas(keep=2 * runner_kwargs["max_num_seqs"])
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self._closed = False
@@ -312,7 +395,8 @@ class MultiprocExecutor:
     # ---- per step -------------------------------------------------------------------------------
     def execute(self, batch: ScheduledBatch) -> None:
         """Send the batch to every worker (rank 0 then runs it too)."""
-        payload = pickle.dumps(StepMessage.from_batch(batch), protocol=pickle.HIGHEST_PROTOCOL)
+        message = StepMessage.from_batch(batch, self._tables)
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         self.num_steps += 1
         for conn in self.conns:
             conn.send_bytes(payload)

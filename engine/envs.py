@@ -160,7 +160,8 @@ VARIABLES: dict[str, EnvVar] = {
         EnvVar(
             "KVPLAN_TABLE_ROWS", SWITCH, True,
             "a step's block table is gathered from rows the host keeps per sequence and extends by the "
-            "blocks each step adds (TP 1); rebuilt from every sequence's list each step with `0`",
+            "blocks each step adds (under TP each worker too, sent only those blocks); rebuilt from every "
+            "sequence's list each step with `0`",
             field="table_rows",
         ),
         EnvVar(

@@ -89,8 +89,7 @@ def resolve_kernels(
         graph_copy_kernel=cuda and graph_inputs.available() and bool(asked.graph_copy_kernel),
         gemv_tuned_tiles=cuda and bool(asked.gemv_tuned_tiles),
         fused_head_argmax=cuda and tp_size == 1 and head_argmax.available() and bool(asked.fused_head_argmax),
-        # a worker's tables arrive as new lists every step (engine/distributed.py): nothing to keep
-        table_rows=tp_size == 1 and bool(asked.table_rows),
+        table_rows=bool(asked.table_rows),
     )
 
 

@@ -143,6 +143,45 @@ def test_step_message_rebuilds_the_runner_inputs():
     assert a.sampled_seq_indices == b.sampled_seq_indices
 
 
+def test_table_deltas_rebuild_every_table_on_the_worker():
+    """Rank 0 sends each sequence the blocks it added since the last step (its whole table when its
+    list is new); the worker's tables equal rank 0's after every step, keep their list while rank 0's
+    does (so its BlockTableRows keeps the row) and are forgotten once rank 0 forgets them."""
+    import pickle
+
+    from engine.core.scheduler import make_batch
+    from engine.core.sequence import Sequence
+    from engine.distributed import TableDeltas, WorkerTables
+
+    seqs = [Sequence(i, [1, 2, 3], GREEDY) for i in range(3)]
+    for i, s in enumerate(seqs):
+        s.block_table = [10 * i]
+    deltas, tables, kept = TableDeltas(keep=3), WorkerTables(), {}
+
+    def step(batch_seqs):
+        n = len(batch_seqs)
+        batch = make_batch(batch_seqs, [1] * n, [2] * n, [0] * n, [], 0, n)
+        message = pickle.loads(pickle.dumps(StepMessage.from_batch(batch, deltas)))
+        worker = message.to_batch(tables)
+        assert [w.block_table for w in worker.seqs] == [s.block_table for s in batch_seqs]
+        return message, {s.seq_id: w.block_table for s, w in zip(batch_seqs, worker.seqs)}
+
+    message, kept = step(seqs)
+    assert (message.block_tables, message.table_whole) == ([[0], [10], [20]], (True, True, True))
+    seqs[0].block_table.append(1)  # a decode opened a block
+    seqs[2].block_table = [7, 8]  # freed and given blocks again: a new list
+    message, now = step(seqs)
+    assert (message.block_tables, message.table_whole) == ([[1], [], [7, 8]], (False, False, True))
+    assert now[0] is kept[0] and now[1] is kept[1] and now[2] is not kept[2]
+    new = Sequence(3, [1, 2, 3], GREEDY)
+    new.block_table = [30]
+    message, _ = step([seqs[0], new])  # four held, keep 3: the two absent from the step go
+    assert (message.seq_ids, message.forget) == ((0, 3), (1, 2))
+    assert sorted(tables._tables) == [0, 3]
+    with pytest.raises(ValueError, match="needs the worker's WorkerTables"):
+        message.to_batch()
+
+
 def test_rendezvous_port(monkeypatch):
     monkeypatch.delenv("KVPLAN_TP_PORT", raising=False)
     assert resolve_port(None) == 0  # a free one, bound by the store
