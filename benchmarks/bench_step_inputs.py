@@ -63,33 +63,48 @@ def make_seqs(batch: int, context: int, block_size: int) -> list[Sequence]:
     return seqs
 
 
-def time_message(batch: int, context: int, block_size: int, steps: int, deltas: bool) -> tuple[float, int]:
-    """Median thread-CPU µs to build and pickle one step's worker message, and its median bytes."""
-    seqs, tables = make_seqs(batch, context, block_size), TableDeltas(4 * batch) if deltas else None
-    next_block, times, sizes = [batch * cdiv(context, block_size)], [], []
-    for step in range(steps + 4):
+WARMUP_STEPS = 4  # the first steps write every row (and send every table whole): not timed
+
+
+def time_steps(batch: int, context: int, block_size: int, steps: int, work) -> tuple[float, list]:
+    """Decode `steps` (+ warm-up) steps of `batch` sequences of `context` tokens, calling `work(batch)`
+    on each: the median thread-CPU µs of a call, and what the timed calls returned."""
+    seqs = make_seqs(batch, context, block_size)
+    next_block, times, results = [batch * cdiv(context, block_size)], [], []
+    for step in range(steps + WARMUP_STEPS):
         b = decode_batch(seqs, block_size, next_block)
         t0 = time.thread_time()
-        payload = pickle.dumps(StepMessage.from_batch(b, tables), protocol=pickle.HIGHEST_PROTOCOL)
-        if step >= 4:  # the first step sends every table whole
+        result = work(b)
+        if step >= WARMUP_STEPS:
             times.append(time.thread_time() - t0)
-            sizes.append(len(payload))
-    return statistics.median(times) * 1e6, int(statistics.median(sizes))
+            results.append(result)
+    return statistics.median(times) * 1e6, results
+
+
+def time_message(batch: int, context: int, block_size: int, steps: int, deltas: bool) -> tuple[float, int]:
+    """Median thread-CPU µs to build and pickle one step's worker message, and its median bytes."""
+    tables = TableDeltas(4 * batch) if deltas else None
+
+    def message(b) -> int:
+        return len(pickle.dumps(StepMessage.from_batch(b, tables), protocol=pickle.HIGHEST_PROTOCOL))
+
+    us, sizes = time_steps(batch, context, block_size, steps, message)
+    return us, int(statistics.median(sizes))
 
 
 def time_shape(batch: int, context: int, block_size: int, steps: int, rows: bool) -> float:
     """Median thread-CPU µs of one step's `build_step_inputs`."""
-    seqs = make_seqs(batch, context, block_size)
-    nb = cdiv(context, block_size)
-    table_rows = BlockTableRows(2 * batch, cdiv(context + steps + 8, block_size)) if rows else None
-    next_block, cpu, times = [batch * nb], torch.device("cpu"), []
-    for step in range(steps + 4):
-        b = decode_batch(seqs, block_size, next_block)
-        t0 = time.thread_time()
-        build_step_inputs(b, block_size, cpu, table_rows=table_rows)
-        if step >= 4:  # the first steps write every row
-            times.append(time.thread_time() - t0)
-    return statistics.median(times) * 1e6
+    width = cdiv(context + steps + WARMUP_STEPS, block_size)
+    table_rows = BlockTableRows(2 * batch, width) if rows else None
+    cpu = torch.device("cpu")
+    us, _ = time_steps(
+        batch,
+        context,
+        block_size,
+        steps,
+        lambda b: build_step_inputs(b, block_size, cpu, table_rows=table_rows),
+    )
+    return us
 
 
 def main() -> int:
