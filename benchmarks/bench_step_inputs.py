@@ -1,10 +1,13 @@
 """Host time of one decode step's inputs (`build_step_inputs`), block tables rebuilt from every
-sequence's list against gathered from the rows a `BlockTableRows` keeps (the engine's default).
+sequence's list, gathered from the rows a `BlockTableRows` keeps, and gathered on the device from the
+copy of those rows a `DeviceTableRows` keeps there (the engine's default).
 
 Each shape decodes `--steps` steps of `batch` sequences of `context` tokens (a block opened where a
-sequence's tokens cross one, as the block manager deals them), building each step's inputs on the
-CPU (the host's part: the arrays, without the copy to a GPU). Prints per shape the median µs a step
-of each way and their ratio, thread CPU time. With `--tp-message`, also what rank 0 sends a
+sequence's tokens cross one, as the block manager deals them), building each step's inputs for
+`--device` (default: a GPU where there is one, through a pinned staging buffer as the engine does:
+the host's part is the arrays, the staging copy and queueing the copy and the device's gather; on a
+CPU the "device" gather runs on the host too). Prints per shape the median µs a step of each way,
+thread CPU time. With `--tp-message`, also what rank 0 sends a
 tensor-parallel worker each step (`engine.distributed.StepMessage`): pickled bytes and µs to build
 and pickle it, whole tables against the blocks added since the step before (`TableDeltas`).
 Not a test.
@@ -25,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.attention.metadata import BlockTableRows, build_step_inputs  # noqa: E402
+from engine.attention.metadata import BlockTableRows, DeviceTableRows, build_step_inputs  # noqa: E402
 from engine.core.config import cdiv  # noqa: E402
 from engine.core.scheduler import make_batch  # noqa: E402
 from engine.core.sequence import Sequence  # noqa: E402
@@ -66,9 +69,12 @@ def make_seqs(batch: int, context: int, block_size: int) -> list[Sequence]:
 WARMUP_STEPS = 4  # the first steps write every row (and send every table whole): not timed
 
 
-def time_steps(batch: int, context: int, block_size: int, steps: int, work) -> tuple[float, list]:
+def time_steps(
+    batch: int, context: int, block_size: int, steps: int, work, after=None
+) -> tuple[float, list]:
     """Decode `steps` (+ warm-up) steps of `batch` sequences of `context` tokens, calling `work(batch)`
-    on each: the median thread-CPU µs of a call, and what the timed calls returned."""
+    on each (then `after()`, untimed, where given): the median thread-CPU µs of a call, and what the
+    timed calls returned."""
     seqs = make_seqs(batch, context, block_size)
     next_block, times, results = [batch * cdiv(context, block_size)], [], []
     for step in range(steps + WARMUP_STEPS):
@@ -78,6 +84,8 @@ def time_steps(batch: int, context: int, block_size: int, steps: int, work) -> t
         if step >= WARMUP_STEPS:
             times.append(time.thread_time() - t0)
             results.append(result)
+        if after is not None:
+            after()
     return statistics.median(times) * 1e6, results
 
 
@@ -92,17 +100,26 @@ def time_message(batch: int, context: int, block_size: int, steps: int, deltas: 
     return us, int(statistics.median(sizes))
 
 
-def time_shape(batch: int, context: int, block_size: int, steps: int, rows: bool) -> float:
-    """Median thread-CPU µs of one step's `build_step_inputs`."""
+MODES = ("rebuilt", "rows", "device rows")
+
+
+def time_shape(batch: int, context: int, block_size: int, steps: int, mode: str, device: torch.device) -> float:
+    """Median thread-CPU µs of one step's `build_step_inputs`, its tables built the `mode` way."""
     width = cdiv(context + steps + WARMUP_STEPS, block_size)
-    table_rows = BlockTableRows(2 * batch, width) if rows else None
-    cpu = torch.device("cpu")
+    table_rows = {
+        "rebuilt": None,
+        "rows": BlockTableRows(2 * batch, width),
+        "device rows": DeviceTableRows(2 * batch, width, device),
+    }[mode]
+    cuda = device.type == "cuda"
+    staging = torch.empty(2 * batch * width + 16 * batch, dtype=torch.int32, pin_memory=True) if cuda else None
     us, _ = time_steps(
         batch,
         context,
         block_size,
         steps,
-        lambda b: build_step_inputs(b, block_size, cpu, table_rows=table_rows),
+        lambda b: build_step_inputs(b, block_size, device, staging, table_rows),
+        torch.cuda.synchronize if cuda else None,  # the staging buffer is free again
     )
     return us
 
@@ -112,18 +129,16 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="BATCHxCONTEXTxBLOCK, comma-separated")
     ap.add_argument("--tp-message", action="store_true", help="also time a tensor-parallel worker's message")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    print(
-        f"{'batch':>6} {'context':>8} {'block':>6} {'width':>6} {'rebuilt µs':>11} {'rows µs':>9} {'ratio':>6}"
-    )
+    device = torch.device(args.device)
+    print(f"device {device}")
+    print(f"{'batch':>6} {'context':>8} {'block':>6} {'width':>6}" + "".join(f"{m + ' µs':>15}" for m in MODES))
     for shape in args.shapes.split(","):
         batch, context, block_size = (int(x) for x in shape.split("x"))
-        rebuilt = time_shape(batch, context, block_size, args.steps, rows=False)
-        kept = time_shape(batch, context, block_size, args.steps, rows=True)
+        us = [time_shape(batch, context, block_size, args.steps, mode, device) for mode in MODES]
         width = cdiv(context, block_size)
-        print(
-            f"{batch:>6} {context:>8} {block_size:>6} {width:>6} {rebuilt:>11.0f} {kept:>9.0f} {rebuilt / kept:>5.1f}x"
-        )
+        print(f"{batch:>6} {context:>8} {block_size:>6} {width:>6}" + "".join(f"{u:>15.0f}" for u in us))
     if args.tp_message:
         print(
             f"\n{'batch':>6} {'context':>8} {'block':>6} {'whole µs':>9} {'bytes':>9} {'deltas µs':>10} {'bytes':>7}"

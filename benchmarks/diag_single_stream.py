@@ -92,7 +92,7 @@ def run(llm: LLM, repeats: int, kernels: bool = False) -> None:
     runner = llm.runner
     llm.recorder.reset()
     batch = steady_one_row(llm)
-    inputs = build_step_inputs(batch, runner.block_size, runner.device, runner._stagings[0])
+    inputs = build_step_inputs(batch, runner.block_size, runner.device, runner._staging.acquire())
     graph, head, sampler = runner.graphs[1], runner.model.compute_logits, runner.sampler
     out = runner.graph_outputs[1]
     temps = inputs.temperatures

@@ -165,6 +165,14 @@ VARIABLES: dict[str, EnvVar] = {
             field="table_rows",
         ),
         EnvVar(
+            "KVPLAN_DEVICE_TABLES", SWITCH, True,
+            "with kept table rows, a copy of them stays on the device: a step sends it only its rows' "
+            "indices and the entries written since the step before, and its table is gathered there "
+            "(the host's work no longer grows with the table's width); the host gathers the table and "
+            "copies it whole with `0`",
+            field="device_tables",
+        ),
+        EnvVar(
             "KVPLAN_FREEZE_GC", SWITCH, True,
             "what start-up built is moved out of Python's garbage collector's reach (as vLLM does), so "
             "a full collection no longer walks it in the middle of a step (a 0.4 s pause without); "
@@ -221,6 +229,7 @@ class KernelConfig:
     gemv_tuned_tiles: bool | None = _default("gemv_tuned_tiles")
     fused_head_argmax: bool | None = _default("fused_head_argmax")
     table_rows: bool | None = _default("table_rows")
+    device_tables: bool | None = _default("device_tables")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -22,6 +22,7 @@ from engine.attention import AttentionBackend
 from engine.attention.metadata import (
     AttentionMetadata,
     BlockTableRows,
+    DeviceTableRows,
     StepInputs,
     build_step_inputs,
     set_forward_context,
@@ -90,6 +91,7 @@ def resolve_kernels(
         gemv_tuned_tiles=cuda and bool(asked.gemv_tuned_tiles),
         fused_head_argmax=cuda and tp_size == 1 and head_argmax.available() and bool(asked.fused_head_argmax),
         table_rows=bool(asked.table_rows),
+        device_tables=bool(asked.table_rows and asked.device_tables),
     )
 
 
@@ -180,11 +182,7 @@ class ModelRunner:
         self._token_buffers = self._token_host_buffers()
         self._num_staged = 0
         # the running sequences' block tables, kept between steps (unless table_rows is off)
-        self._table_rows = (
-            BlockTableRows(2 * max_num_seqs, cdiv(max_model_len, block_size))
-            if self.kernels.table_rows
-            else None
-        )
+        self._table_rows = self._kept_tables(max_num_seqs, cdiv(max_model_len, block_size))
         with self.kernels.activate():  # what start-up launches and captures runs under the config
             self.kv_cache = self._allocate_kv_cache(num_kv_blocks, gpu_memory_utilization, enforce_eager)
             self.kv_cache.bind(self.model.attention_layers(), backend)
@@ -216,6 +214,15 @@ class ModelRunner:
                 module.impl = impl
         self.layer_impl = impl
         return model
+
+    def _kept_tables(self, max_num_seqs: int, width: int) -> BlockTableRows | DeviceTableRows | None:
+        """The block-table rows kept between steps, on the host or mirrored on the device (the
+        kernel config's table_rows and device_tables), or None (each step's table rebuilt)."""
+        if not self.kernels.table_rows:
+            return None
+        if self.kernels.device_tables:
+            return DeviceTableRows(2 * max_num_seqs, width, self.device)
+        return BlockTableRows(2 * max_num_seqs, width)
 
     def _staging_ring(self, num_buffers: int = 2) -> StagingRing:
         if not self.cuda:

@@ -19,7 +19,7 @@ TRANSFER_MODEL = SHIPPED_PROFILE_DIR / "transfer_h200.json"
 # Engine choices that change what a step costs and that a profile and a replay record (the engine's
 # kernel choices; absent: the engine before the choice existed, i.e. off). A replay is priced on a
 # profile of the same choices (`profile_of_engine`).
-ENGINE_CHOICES = ("step_graphs", "table_rows")
+ENGINE_CHOICES = ("step_graphs", "table_rows", "device_tables")
 
 
 def default_profile(

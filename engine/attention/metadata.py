@@ -91,11 +91,13 @@ class BlockTableRows:
     rows at 32k tokens of block 16). A row belongs to one table list (`Sequence.block_table`, which
     the block manager only appends to while the sequence holds it, and replaces when it frees it);
     rows of tables absent from a step are reused once no row is free (so it holds no more lists than
-    it has rows). Entries past a table's length read 0, as `build_step_inputs` pads them without rows."""
+    it has rows). Entries past a table's length read 0, as `build_step_inputs` pads them without rows.
+    With `track_writes`, it also keeps the entries written since `take_writes` last gave them (for a
+    copy of the rows kept on the device, `DeviceTableRows`)."""
 
-    __slots__ = ("rows", "_entries", "_free", "_step")
+    __slots__ = ("rows", "_entries", "_free", "_step", "_filled", "_dirty", "_resync")
 
-    def __init__(self, num_rows: int, width: int) -> None:
+    def __init__(self, num_rows: int, width: int, track_writes: bool = False) -> None:
         if num_rows < 1 or width < 1:
             raise ValueError(f"BlockTableRows: num_rows and width must be >= 1, got {num_rows}, {width}")
         self.rows = np.zeros((num_rows, width), np.int32)
@@ -103,32 +105,67 @@ class BlockTableRows:
         self._entries: dict[int, list] = {}
         self._free = list(range(num_rows - 1, -1, -1))
         self._step = 0
+        self._filled = [0] * num_rows  # per row: the entries past which it holds only zeros
+        # (row, first, end) of the entries written since take_writes, where tracked; a new shape: all
+        self._dirty: list[tuple[int, int, int]] | None = [] if track_writes else None
+        self._resync = False
 
     def gather(self, tables: list[list[int]], width: int) -> np.ndarray:
         """The step's block table: one row per list of `tables`, `width` entries, zero-padded."""
+        index = self.index(tables, width)  # first: it may grow the rows
+        return self.rows[index, :width]
+
+    def index(self, tables: list[list[int]], width: int) -> list[int]:
+        """The row of each list of `tables`, each written up to date (a new list gets a row)."""
         self._step = step = self._step + 1
         if width > self.rows.shape[1]:
             self.rows = np.pad(self.rows, ((0, 0), (0, width - self.rows.shape[1])))
-        entries, index = self._entries, []
+            self._resync = True
+        entries, dirty, index = self._entries, self._dirty, []
         for table in tables:
             entry = entries.get(id(table))
             if entry is None:
                 entry = self._assign(table, step)
             elif len(table) > entry[2]:  # the blocks the step before added (usually one, or none)
-                self.rows[entry[0], entry[2] : len(table)] = table[entry[2] :]
-                entry[2] = len(table)
+                row, n = entry[0], len(table)
+                self.rows[row, entry[2] : n] = table[entry[2] :]
+                if dirty is not None:
+                    dirty.append((row, entry[2], n))
+                entry[2] = self._filled[row] = n
             entry[3] = step
             index.append(entry[0])
-        return self.rows[index, :width]
+        return index
+
+    def take_writes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(flat indices into `rows`, their values) of the entries written since the last call, or
+        None where the rows changed shape since (a copy of them must take them whole)."""
+        dirty, self._dirty = self._dirty, []
+        if dirty is None:
+            raise RuntimeError("BlockTableRows: take_writes needs track_writes=True")
+        if self._resync:
+            self._resync = False
+            return None
+        width = self.rows.shape[1]
+        if len(dirty) == 1:
+            row, first, end = dirty[0]
+            flat = np.arange(row * width + first, row * width + end, dtype=np.int32)
+        else:
+            flat = np.fromiter(
+                chain.from_iterable(range(r * width + f, r * width + e) for r, f, e in dirty), np.int32
+            )
+        return flat, self.rows.reshape(-1)[flat]
 
     def _assign(self, table: list[int], step: int) -> list:
         """A row for a table first seen now, written whole (zeros after it)."""
         if not self._free:
             self._reclaim(step)
         row = self._free.pop()
-        n = len(table)
+        n, filled = len(table), self._filled[row]
         self.rows[row, :n] = table
-        self.rows[row, n:] = 0
+        self.rows[row, n:filled] = 0
+        if self._dirty is not None and max(n, filled):
+            self._dirty.append((row, 0, max(n, filled)))
+        self._filled[row] = n
         entry = self._entries[id(table)] = [row, table, n, step]
         return entry
 
@@ -141,6 +178,38 @@ class BlockTableRows:
             num_rows = len(self.rows)
             self.rows = np.concatenate([self.rows, np.zeros_like(self.rows)])
             self._free = list(range(2 * num_rows - 1, num_rows - 1, -1))
+            self._filled += [0] * num_rows
+            self._resync = True
+
+
+class DeviceTableRows:
+    """`BlockTableRows` with a copy of its rows on the model's device, updated each step by the entries
+    written since the step before (a decode step: one per sequence that opened a block), so that a
+    step sends the device its rows' indices and those entries, not a batch x width table, and the
+    table is gathered there. The host's work per step no longer grows with the table's width (a
+    step not run ahead waits for it: at 210 x 32k tokens of block 16 the table is 1.7 MB)."""
+
+    __slots__ = ("host", "device_rows")
+
+    def __init__(self, num_rows: int, width: int, device: torch.device) -> None:
+        self.host = BlockTableRows(num_rows, width, track_writes=True)
+        self.device_rows = torch.zeros(self.host.rows.shape, dtype=torch.int32, device=device)
+
+    def parts(self, tables: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the rows of `tables`, the flat indices and values written since the last step): what the
+        step's host-to-device copy carries; a new shape of rows is copied whole at once."""
+        index = np.asarray(self.host.index(tables, width), np.int32)
+        writes = self.host.take_writes()
+        if writes is None:  # rare: more rows or a wider row than at start
+            self.device_rows = torch.from_numpy(self.host.rows.copy()).to(self.device_rows.device)
+            return index, np.zeros(0, np.int32), np.zeros(0, np.int32)
+        return index, *writes
+
+    def table(self, index: torch.Tensor, flat: torch.Tensor, values: torch.Tensor, width: int) -> torch.Tensor:
+        """The step's [len(index), width] table on the device, after writing `values` at `flat`."""
+        if flat.numel():
+            self.device_rows.view(-1).index_copy_(0, flat.long(), values)
+        return self.device_rows[:, :width].index_select(0, index.long())
 
 
 def build_step_inputs(
@@ -148,11 +217,11 @@ def build_step_inputs(
     block_size: int,
     device: torch.device,
     staging: torch.Tensor | None = None,
-    table_rows: BlockTableRows | None = None,
+    table_rows: BlockTableRows | DeviceTableRows | None = None,
 ) -> StepInputs:
     """Model inputs and attention metadata of one step; `staging` is an optional pinned int32 buffer
     through which the single host-to-device copy goes; `table_rows`, where given, keeps the block
-    tables between steps (the same table, built faster)."""
+    tables between steps (the same table, built faster; a `DeviceTableRows` gathers it on the device)."""
     b = batch.num_seqs
     q = np.fromiter(batch.num_scheduled_tokens, np.int32, b)
     c = np.fromiter(batch.num_computed_tokens, np.int32, b)
@@ -176,13 +245,20 @@ def build_step_inputs(
         seq_of_token = np.repeat(np.arange(b), q)
         positions = (np.arange(num_tokens, dtype=np.int32) - np.repeat(cu_q[:-1] - c, q)).astype(np.int32)
     width = max(len(s.block_table) for s in seqs)
-    if table_rows is not None:
-        tables = table_rows.gather([s.block_table for s in seqs], width)
+    pages = positions // block_size
+    if isinstance(table_rows, DeviceTableRows):
+        table_parts = table_rows.parts([s.block_table for s in seqs], width)
+        slots = table_rows.host.rows[table_parts[0][seq_of_token], pages]
     else:
-        tables = np.zeros((b, width), np.int32)
-        for i, s in enumerate(seqs):
-            tables[i, : len(s.block_table)] = s.block_table
-    slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+        if table_rows is not None:
+            tables = table_rows.gather([s.block_table for s in seqs], width)
+        else:
+            tables = np.zeros((b, width), np.int32)
+            for i, s in enumerate(seqs):
+                tables[i, : len(s.block_table)] = s.block_table
+        table_parts = (tables.reshape(-1),)
+        slots = tables[seq_of_token, pages]
+    slots = slots * block_size + positions % block_size
     sampled = tuple(i for i, d in enumerate(batch.do_sample) if d)
     idx = np.asarray(sampled, np.int64)
     logits_indices = cu_q[1:][idx] - 1 if sampled else np.zeros(0, np.int32)
@@ -201,7 +277,7 @@ def build_step_inputs(
         temps.view(np.int32),
         top_ks,
         top_ps.view(np.int32),
-        tables.reshape(-1),
+        *table_parts,
     ]
     dev = _to_device(np.concatenate(parts), device, staging)
     views = torch.split(dev, [len(p) for p in parts])
@@ -215,7 +291,11 @@ def build_step_inputs(
         cu_seqlens_k=views[4],
         context_lens=views[5],
         slot_mapping=views[2],
-        block_tables=views[10].view(b, width),
+        block_tables=(
+            table_rows.table(*views[10:], width)
+            if isinstance(table_rows, DeviceTableRows)
+            else views[10].view(b, width)
+        ),
         query_lens_cpu=tuple(q.tolist()),
         context_lens_cpu=tuple(ctx.tolist()),
     )

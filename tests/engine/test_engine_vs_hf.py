@@ -77,6 +77,7 @@ def test_eager_and_graph_flags_on_cpu(checkpoints):
             "gemv_tuned_tiles": False,
             "fused_head_argmax": False,
             "table_rows": True,  # the host's tables: on a CPU too
+            "device_tables": True,  # their copy on the model's device (here the CPU)
         }
         df = llm.recorder.to_dataframe()
         assert (df["graph_batch_size"] == 0).all()

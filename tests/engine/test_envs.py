@@ -148,10 +148,11 @@ def test_resolve_on_a_cpu():
     assert got == KernelConfig(
         decode_kernel=None, decode_balanced=None, decode_fine_splits=None, layer_kernels="torch",
         table_rows=True,  # the host's block tables: no kernel, so on a CPU too
+        device_tables=True,  # and their copy on the model's device
         **{
             field: False
             for field in SWITCH_FIELDS
-            if field not in ("decode_balanced", "decode_fine_splits", "table_rows")
+            if field not in ("decode_balanced", "decode_fine_splits", "table_rows", "device_tables")
         },
     )  # fmt: skip
     with pytest.raises(ValueError, match="needs a CUDA device"):
@@ -176,6 +177,8 @@ def test_resolve_on_a_cuda_device_follows_each_switch(monkeypatch, field):
         expected = dataclasses.replace(everything_on, **{field: value})
         if field == "prefill_graphs":  # whole-step graphs are captured beside the piecewise ones
             expected = dataclasses.replace(expected, step_graphs=value)
+        if field == "table_rows":  # their device copy is of kept rows
+            expected = dataclasses.replace(expected, device_tables=value)
         assert got == expected, (name, value)
 
 
@@ -189,6 +192,7 @@ def test_resolve_turns_off_what_cannot_run(monkeypatch):
     assert got.prefill_graphs is False  # no decode graphs (enforce_eager): no piecewise ones
     assert got.step_graphs is False
     assert got.table_rows is True  # a host thing: TP workers keep their tables too
+    assert got.device_tables is True
     assert (
         resolve_kernels(asked, TorchSDPABackend(), cuda, 1, True).step_graphs is False
     )  # not step-graph safe

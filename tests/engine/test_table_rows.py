@@ -1,5 +1,6 @@
-"""BlockTableRows: the block tables a model runner keeps between steps give the very table that
-building every row from its list gives (exact rows, row reuse, growth), on a real scheduler too."""
+"""BlockTableRows and DeviceTableRows: the block tables a model runner keeps between steps (on the
+host, or mirrored on the device by the entries each step wrote) give the very table that building
+every row from its list gives (exact rows, row reuse, growth), on a real scheduler too."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.attention.metadata import BlockTableRows, build_step_inputs
+from engine.attention.metadata import BlockTableRows, DeviceTableRows, build_step_inputs
 from engine.core.block_manager import BlockManager
 from engine.core.config import SchedulerConfig
 from engine.core.scheduler import Scheduler
@@ -47,7 +48,10 @@ def test_rows_extend_reuse_and_grow():
 def test_gather_is_the_rebuilt_table(data):
     """Any sequence of steps (tables that grow, are replaced, come and go) reads what a table
     rebuilt from the lists reads, through row reuse and growth."""
-    rows = BlockTableRows(num_rows=data.draw(st.integers(1, 4)), width=data.draw(st.integers(1, 4)))
+    rows = BlockTableRows(
+        num_rows=data.draw(st.integers(1, 4)), width=data.draw(st.integers(1, 4)), track_writes=True
+    )
+    mirror = rows.rows.copy()  # what a copy kept by take_writes alone holds
     live: list[list[int]] = [[]]
     for _ in range(data.draw(st.integers(1, 25))):
         op = data.draw(st.sampled_from(["grow", "replace", "new", "step"]))
@@ -62,11 +66,48 @@ def test_gather_is_the_rebuilt_table(data):
         tables = [live[j] for j in chosen]
         width = max(1, max(len(t) for t in tables))
         np.testing.assert_array_equal(rows.gather(tables, width), reference(tables, width))
+        writes = rows.take_writes()
+        if writes is None:  # the rows changed shape: taken whole
+            mirror = rows.rows.copy()
+        else:
+            mirror.reshape(-1)[writes[0]] = writes[1]
+        np.testing.assert_array_equal(mirror, rows.rows)
+
+
+def test_take_writes_gives_exactly_the_entries_written():
+    rows = BlockTableRows(num_rows=2, width=4, track_writes=True)
+    a, b = [7, 8], [5]
+    rows.index([a, b], 2)
+    flat, values = rows.take_writes()
+    assert flat.tolist() == [0, 1, 4] and values.tolist() == [7, 8, 5]  # a in row 0, b in row 1
+    a.append(9)
+    rows.index([a, b], 3)
+    assert [x.tolist() for x in rows.take_writes()] == [[2], [9]]  # a's new block only
+    rows.index([a, b], 3)
+    assert [x.tolist() for x in rows.take_writes()] == [[], []]
+    c = [1]  # b's row (absent) goes to c: its entry and a zero over b's old one... b wrote 1 entry
+    rows.index([a, c], 3)
+    assert [x.tolist() for x in rows.take_writes()] == [[4], [1]]
+    d = [2, 2, 2, 2, 2]  # wider than the rows: the copy must take them whole
+    rows.index([a, c, d], 5)
+    assert rows.take_writes() is None
+    with pytest.raises(RuntimeError, match="track_writes"):
+        BlockTableRows(1, 1).take_writes()
+
+
+def test_device_rows_follow_reuse_and_growth_on_a_cpu():
+    rows = DeviceTableRows(num_rows=1, width=2, device=torch.device("cpu"))
+    a, b = [3], [4, 6]
+    for tables, width in (([a], 1), ([b], 2), ([a, b], 2), ([b, [1, 1, 1]], 3)):
+        index, flat, values = (torch.from_numpy(x) for x in rows.parts(tables, width))
+        assert rows.table(index, flat, values, width).tolist() == reference(tables, width).tolist()
+        assert torch.equal(rows.device_rows, torch.from_numpy(rows.host.rows))
 
 
 def test_a_scheduler_run_builds_the_same_inputs_with_and_without_rows():
     """A chunked run with prefix caching and preemptions (a small cache): every step's inputs are
-    the same tensors whether the tables come from kept rows or are rebuilt."""
+    the same tensors whether the tables come from kept rows (on the host, or gathered from the rows
+    a device copy keeps) or are rebuilt."""
     bs = 4
     bm = BlockManager(num_blocks=24, block_size=bs, enable_prefix_caching=True)
     config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=32, max_model_len=96, policy="chunked")
@@ -76,7 +117,8 @@ def test_a_scheduler_run_builds_the_same_inputs_with_and_without_rows():
     for _ in range(10):
         prompt = shared + rng.integers(0, 50, int(rng.integers(1, 20))).tolist()
         sched.add_request(prompt, SamplingParams(max_tokens=int(rng.integers(2, 30)), ignore_eos=True))
-    rows, cpu = BlockTableRows(num_rows=2, width=2), torch.device("cpu")
+    cpu = torch.device("cpu")
+    kept = (BlockTableRows(num_rows=2, width=2), DeviceTableRows(num_rows=2, width=2, device=cpu))
     steps = preempted = 0
     while sched.has_unfinished():
         batch = sched.schedule()
@@ -84,11 +126,12 @@ def test_a_scheduler_run_builds_the_same_inputs_with_and_without_rows():
         if batch.is_empty:
             break
         want = build_step_inputs(batch, bs, cpu)
-        got = build_step_inputs(batch, bs, cpu, table_rows=rows)
-        for name in ("input_ids", "positions", "logits_indices"):
-            assert torch.equal(getattr(got, name), getattr(want, name)), (steps, name)
-        for name in ("block_tables", "slot_mapping", "context_lens", "cu_seqlens_q", "cu_seqlens_k"):
-            assert torch.equal(getattr(got.attn, name), getattr(want.attn, name)), (steps, name)
+        for rows in kept:
+            got = build_step_inputs(batch, bs, cpu, table_rows=rows)
+            for name in ("input_ids", "positions", "logits_indices"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), (steps, name)
+            for name in ("block_tables", "slot_mapping", "context_lens", "cu_seqlens_q", "cu_seqlens_k"):
+                assert torch.equal(getattr(got.attn, name), getattr(want.attn, name)), (steps, name)
         sched.postprocess(batch, [int(t) for t in rng.integers(0, 50, batch.num_seqs)])
         steps += 1
     assert not sched.has_unfinished() and preempted > 0 and steps > 20
