@@ -33,8 +33,8 @@ def test_plan_only_prints_the_sweep_of_each_block_size(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "qwen3-0.6b block 16: 4,096 KV blocks (65,536 tokens)"
     assert lines[1] == (
-        "  profile: estimated device time 32 s on qwen3-0.6b_h200_tp1_bs16.json: short 2.4 s (1,135 steps), "
-        "long 0.7 s (252 steps), mixed_long 0.2 s (63 steps), mixed_serving 0.1 s (38 steps), full 0.3 s "
+        "  profile: estimated device time 32 s on qwen3-0.6b_h200_tp1_bs16.json: short 2.6 s (1,135 steps), "
+        "long 0.8 s (252 steps), mixed_long 0.3 s (63 steps), mixed_serving 0.1 s (38 steps), full 0.3 s "
         "(71 steps), serving 28 s"
     )
     assert lines[2].startswith('  envelope: {"block_size": 16, "decode": {"steps": ')
@@ -59,7 +59,7 @@ def test_a_tiny_calibration_records_its_envelope_and_estimate(monkeypatch, tmp_p
     phases = ["short", "long", "mixed_long", "mixed_serving", "full", "serving", "total"]
     assert list(extra["sweep_estimate_s"]) == phases
     assert extra["sweep_estimate_s"]["serving"] == 0.0
-    with pytest.raises(ValueError, match="--profile-budget: the sweep is estimated at 28 s"):
+    with pytest.raises(ValueError, match="--profile-budget: the sweep is estimated at 29 s"):
         _main(monkeypatch, "--out", str(tmp_path / "b"), "--preset", "tiny", "--max-num-seqs", "4",
               "--max-num-batched-tokens", "128", "--max-model-len", "256", "--num-kv-tokens", "2048", "--replays",
               "", "--profile-budget", "10", "--estimate-profile", str(estimator))  # fmt: skip

@@ -104,15 +104,16 @@ def test_only_replays_of_the_bases_engine_bracket_its_knee(tmp_path):
 def test_pinned_shipped_suite_scoreboard():
     """Pinned to the shipped replays (detects change in measured data, not correctness), each scored
     on the shipped profile of its engine as `kvplan validate --suite` does (replays of the engine
-    before whole-step graphs, or before kept block-table rows, on the profiles it superseded): 42
-    replays held out for their profiles meet 196 of 294 targets, the 12 scored on shipped profiles 75
-    of 84. Every Qwen3-0.6B profile of
+    before whole-step graphs, before kept block-table rows or before their device copy, on the profiles
+    it superseded): 45 replays held out for their profiles meet 210 of 315 targets, the 15 scored on
+    shipped profiles 89 of 105. Every Qwen3-0.6B profile of
     the step-graph engine is a refit with the span term made after that engine's `_sg_` and `_d3_`
     replays were seen, so of those only the Qwen3-8B ones stay held out (3 `_sg_`: 19 of 21; 6
     `_d3_`: 39 of 42); the eight `_sp_` replays, declared with the block-16 async refit's rule and
     served after it, 18 of 56 on that refit (superseded since by the engine with kept block-table
     rows); the three `_tr_` replays of that engine, declared with its block-16 async fit's rule and
-    served after it, 17 of 21. The knees are searched and bracketed on the step-graph engine's
+    served after it, 17 of 21; the three `_dt_` replays of the engine with the tables' device copy,
+    declared with its block-16 synchronous fit's rule and served after it, 14 of 21. The knees are searched and bracketed on the step-graph engine's
     replays, and every simulated knee sits above its real bracket: mooncake_synthetic 4.35x against
     3.9-4.3x, azure_code_2023 13x against a run that met and one that missed at 11.7x,
     azure_conv_2023 12x against 10.8-11.9x. Under the suite's second SLO (mean TPOT 50 ms) only
@@ -126,10 +127,10 @@ def test_pinned_shipped_suite_scoreboard():
     suite = load_suite(VALIDATION / "suite.json")
     rows, families = run_suite(suite, lambda run: validate_profile("auto", run), progress=False)
     held = rows[rows["held_out"]]
-    assert (len(held), int(held["targets_met"].sum())) == (42, 196)
-    assert (len(rows), int(rows["targets_met"].sum())) == (103, 435)
+    assert (len(held), int(held["targets_met"].sum())) == (45, 210)
+    assert (len(rows), int(rows["targets_met"].sum())) == (106, 449)
     shipped = held[held["shipped"]]
-    assert (len(shipped), int(shipped["targets_met"].sum())) == (12, 75)
+    assert (len(shipped), int(shipped["targets_met"].sum())) == (15, 89)
     graphs = held[held["run"].str.contains("_sg_")]
     assert (len(graphs), int(graphs["targets_met"].sum())) == (3, 19)
     assert set(graphs["profile"]) == {"qwen3-8b_h200_tp1_bs16_async.json"}
@@ -146,6 +147,9 @@ def test_pinned_shipped_suite_scoreboard():
     rows_engine = held[held["run"].str.contains("_tr_")]
     assert (len(rows_engine), int(rows_engine["targets_met"].sum())) == (3, 17)
     assert set(rows_engine["profile"]) == {"qwen3-0.6b_h200_tp1_bs16_async.json"}
+    device_tables = held[held["run"].str.contains("_dt_")]
+    assert (len(device_tables), int(device_tables["targets_met"].sum())) == (3, 14)
+    assert set(device_tables["profile"]) == {"qwen3-0.6b_h200_tp1_bs16.json"}
     assert list(dict.fromkeys(families["slo"])) == ["ttft_p99=1s", "tpot_mean=50ms"]
     kept_rows = families[families["base_profile"] == "qwen3-0.6b_h200_tp1_bs16_async.json"]
     _kept_rows_knees(kept_rows.set_index(["slo", "family"]))
@@ -256,7 +260,7 @@ def test_every_shipped_replay_folder_holds_its_records():
     folders = [d for root in roots for d in sorted(root.glob("h200_*")) if d.is_dir()]
     needed = ("run.json", "trace.parquet", "requests.parquet", "steps.parquet")
     missing = [f"{d.parent.name}/{d.name}/{f}" for d in folders for f in needed if not (d / f).is_file()]
-    assert len(folders) == 127
+    assert len(folders) == 130
     assert missing == []
 
 

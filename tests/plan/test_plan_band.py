@@ -154,7 +154,7 @@ def test_capacity_command_prints_a_rate_range(capsys):
     assert run([*argv, "--workers", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "band: max sustainable rate" in out and "held-back p90" in out
-    assert "pessimistic (steps x1.084 decode, x1.134 prefill)" in out
+    assert "pessimistic (steps x1.121 decode, x1.141 prefill)" in out
     assert run([*argv, "--workers", "1", "--quiet", "--no-band"]) == 0
     assert "band:" not in capsys.readouterr().out
 
@@ -163,7 +163,7 @@ def test_plan_command_prints_the_band(capsys):
     argv = ["plan", "--limit", "60", "--rate", "6", "--slo", "ttft_p99=40ms", "--gpus", "H200"]
     assert run([*argv, "--max-gpus", "2", "--tp", "1", "--workers", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "Band (every step time x (1 -/+ e)" in out and "best, pessimistic (steps x1.084" in out
+    assert "Band (every step time x (1 -/+ e)" in out and "best, pessimistic (steps x1.121" in out
 
 
 def test_roofline_plan_has_no_band(capsys):

@@ -81,7 +81,7 @@ def test_kv_blocks_per_replica_takes_the_given_memory_and_the_config_count(qwen0
 @pytest.mark.parametrize(
     ("profile", "blocks", "calibrated"),
     [
-        ("qwen3-0.6b_h200_tp1_bs16.json", 72_145, 71_457),
+        ("qwen3-0.6b_h200_tp1_bs16.json", 72_145, 71_455),
         ("qwen3-0.6b_h200_tp1_bs256.json", 4_509, 4_466),
         ("qwen3-8b_h200_tp1_bs16.json", 48_821, 48_691),
     ],
@@ -114,7 +114,7 @@ def test_simulate_header_names_the_cache_source_and_the_latency_model(capsys):
         "max_num_seqs 256, max_num_batched_tokens 16384, chunked, router round_robin"
     )
     assert lines[2] == (
-        "latency: fitted profile qwen3-0.6b_h200_tp1_bs16.json (calibrated on a cache of 71,457 KV blocks, "
+        "latency: fitted profile qwen3-0.6b_h200_tp1_bs16.json (calibrated on a cache of 71,455 KV blocks, "
         "whole-step graphs)"
     )
     assert main(["simulate", "--limit", "5", "--quiet", "--block-size", "256"]) == 0
