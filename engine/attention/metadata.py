@@ -145,14 +145,13 @@ class BlockTableRows:
         if self._resync:
             self._resync = False
             return None
-        width = self.rows.shape[1]
-        if len(dirty) == 1:
-            row, first, end = dirty[0]
-            flat = np.arange(row * width + first, row * width + end, dtype=np.int32)
-        else:
-            flat = np.fromiter(
-                chain.from_iterable(range(r * width + f, r * width + e) for r, f, e in dirty), np.int32
-            )
+        if not dirty:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        row, first, end = np.array(dirty, np.int64).T
+        lengths = end - first
+        # each range's flat start, less the entries before it: + arange(total) walks every range
+        offsets = row * self.rows.shape[1] + first - (np.cumsum(lengths) - lengths)
+        flat = (np.repeat(offsets, lengths) + np.arange(int(lengths.sum()))).astype(np.int32)
         return flat, self.rows.reshape(-1)[flat]
 
     def _assign(self, table: list[int], step: int) -> list:
@@ -209,7 +208,7 @@ class DeviceTableRows:
         """The step's [len(index), width] table on the device, after writing `values` at `flat`."""
         if flat.numel():
             self.device_rows.view(-1).index_copy_(0, flat.long(), values)
-        return self.device_rows[:, :width].index_select(0, index.long())
+        return self.device_rows[:, :width].index_select(0, index)
 
 
 def build_step_inputs(
