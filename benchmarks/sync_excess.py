@@ -1,7 +1,9 @@
 """What a decode step not scheduled ahead costs beyond the same step run ahead, by block-table width
 and by context tokens, on a sweep's step records: wall time less the profile's overlapped prediction
 (`overlapped_model()`, which leaves every host term out), median per bin, for the steps not run ahead
-and, as the reference, for those run ahead. Table entries (rows x the longest sequence's blocks) are
+and, as the reference, for those run ahead; for the steps not run ahead also how much of it is in
+their GPU time (`gpu_time_s` less the prediction: on an idle GPU the step's start event fires at once,
+so this holds the host's build of its inputs too) and outside it (wall less GPU time). Table entries (rows x the longest sequence's blocks) are
 what the profile's table term reads; the blocks the rows actually hold grow with the context tokens.
 CPU only; reads shipped records, never a replay.
 
@@ -49,15 +51,20 @@ def excess_table(records: pd.DataFrame, profile: LatencyProfile, by: str) -> pd.
     predicted = np.array([model.decode_step_time(int(n), int(c), int(m)) for n, c, m in shapes])
     df = df.assign(
         excess_ms=(df["wall_time_s"].to_numpy() - predicted) * 1e3,
+        gpu_ms=(df["gpu_time_s"].to_numpy() - predicted) * 1e3,
+        host_ms=(df["wall_time_s"] - df["gpu_time_s"]).to_numpy() * 1e3,
         entries=table_entries(df["num_seqs"].to_numpy(), df["max_seq_len"].to_numpy(), profile.block_size),
     )
     bins = pd.cut(df[by], BINS[by])
     out = {}
     for ahead, label in ((False, "not ahead"), (True, "ahead")):
         part = df[df["overlapped"].astype(bool) == ahead]
-        grouped = part.groupby(bins[part.index], observed=False)["excess_ms"]
+        grouped = part.groupby(bins[part.index], observed=False)
         out[(label, "steps")] = grouped.size()
-        out[(label, "median ms")] = grouped.median()
+        out[(label, "median ms")] = grouped["excess_ms"].median()
+        if not ahead:
+            out[(label, "GPU ms")] = grouped["gpu_ms"].median()
+            out[(label, "host ms")] = grouped["host_ms"].median()
     table = pd.DataFrame(out)
     return table[table[("not ahead", "steps")] + table[("ahead", "steps")] > 0]
 
