@@ -69,9 +69,7 @@ def make_seqs(batch: int, context: int, block_size: int) -> list[Sequence]:
 WARMUP_STEPS = 4  # the first steps write every row (and send every table whole): not timed
 
 
-def time_steps(
-    batch: int, context: int, block_size: int, steps: int, work, after=None
-) -> tuple[float, list]:
+def time_steps(batch: int, context: int, block_size: int, steps: int, work, after=None) -> tuple[float, list]:
     """Decode `steps` (+ warm-up) steps of `batch` sequences of `context` tokens, calling `work(batch)`
     on each (then `after()`, untimed, where given): the median thread-CPU µs of a call, and what the
     timed calls returned."""
@@ -103,7 +101,9 @@ def time_message(batch: int, context: int, block_size: int, steps: int, deltas: 
 MODES = ("rebuilt", "rows", "device rows")
 
 
-def time_shape(batch: int, context: int, block_size: int, steps: int, mode: str, device: torch.device) -> float:
+def time_shape(
+    batch: int, context: int, block_size: int, steps: int, mode: str, device: torch.device
+) -> float:
     """Median thread-CPU µs of one step's `build_step_inputs`, its tables built the `mode` way."""
     width = cdiv(context + steps + WARMUP_STEPS, block_size)
     table_rows = {
@@ -112,7 +112,9 @@ def time_shape(batch: int, context: int, block_size: int, steps: int, mode: str,
         "device rows": DeviceTableRows(2 * batch, width, device),
     }[mode]
     cuda = device.type == "cuda"
-    staging = torch.empty(2 * batch * width + 16 * batch, dtype=torch.int32, pin_memory=True) if cuda else None
+    staging = (
+        torch.empty(2 * batch * width + 16 * batch, dtype=torch.int32, pin_memory=True) if cuda else None
+    )
     us, _ = time_steps(
         batch,
         context,
@@ -133,7 +135,9 @@ def main() -> int:
     args = ap.parse_args()
     device = torch.device(args.device)
     print(f"device {device}")
-    print(f"{'batch':>6} {'context':>8} {'block':>6} {'width':>6}" + "".join(f"{m + ' µs':>15}" for m in MODES))
+    print(
+        f"{'batch':>6} {'context':>8} {'block':>6} {'width':>6}" + "".join(f"{m + ' µs':>15}" for m in MODES)
+    )
     for shape in args.shapes.split(","):
         batch, context, block_size = (int(x) for x in shape.split("x"))
         us = [time_shape(batch, context, block_size, args.steps, mode, device) for mode in MODES]

@@ -204,7 +204,9 @@ class DeviceTableRows:
             return index, np.zeros(0, np.int32), np.zeros(0, np.int32)
         return index, *writes
 
-    def table(self, index: torch.Tensor, flat: torch.Tensor, values: torch.Tensor, width: int) -> torch.Tensor:
+    def table(
+        self, index: torch.Tensor, flat: torch.Tensor, values: torch.Tensor, width: int
+    ) -> torch.Tensor:
         """The step's [len(index), width] table on the device, after writing `values` at `flat`."""
         if flat.numel():
             self.device_rows.view(-1).index_copy_(0, flat.long(), values)
