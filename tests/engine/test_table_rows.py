@@ -85,11 +85,17 @@ def test_take_writes_gives_exactly_the_entries_written():
     assert [x.tolist() for x in rows.take_writes()] == [[2], [9]]  # a's new block only
     rows.index([a, b], 3)
     assert [x.tolist() for x in rows.take_writes()] == [[], []]
-    c = [1]  # b's row (absent) goes to c: its entry and a zero over b's old one... b wrote 1 entry
+    c = [1]  # b (absent) gives its row to c: c's one entry over b's one, nothing left to zero
     rows.index([a, c], 3)
     assert [x.tolist() for x in rows.take_writes()] == [[4], [1]]
+    e = [3, 3, 3, 3]
+    rows.index([c, e], 4)  # a is absent: its row (3 entries) goes to e, nothing past e's 4 to zero
+    assert [x.tolist() for x in rows.take_writes()] == [[0, 1, 2, 3], [3, 3, 3, 3]]
+    f = [6]
+    rows.index([c, f], 1)  # e is absent: its row goes to f, whose one entry leaves three to zero
+    assert [x.tolist() for x in rows.take_writes()] == [[0, 1, 2, 3], [6, 0, 0, 0]]
     d = [2, 2, 2, 2, 2]  # wider than the rows: the copy must take them whole
-    rows.index([a, c, d], 5)
+    rows.index([c, f, d], 5)
     assert rows.take_writes() is None
     with pytest.raises(RuntimeError, match="track_writes"):
         BlockTableRows(1, 1).take_writes()
