@@ -246,20 +246,9 @@ def build_step_inputs(
         seq_of_token = np.repeat(np.arange(b), q)
         positions = (np.arange(num_tokens, dtype=np.int32) - np.repeat(cu_q[:-1] - c, q)).astype(np.int32)
     width = max(len(s.block_table) for s in seqs)
-    pages = positions // block_size
-    if isinstance(table_rows, DeviceTableRows):
-        table_parts = table_rows.parts([s.block_table for s in seqs], width)
-        slots = table_rows.host.rows[table_parts[0][seq_of_token], pages]
-    else:
-        if table_rows is not None:
-            tables = table_rows.gather([s.block_table for s in seqs], width)
-        else:
-            tables = np.zeros((b, width), np.int32)
-            for i, s in enumerate(seqs):
-                tables[i, : len(s.block_table)] = s.block_table
-        table_parts = (tables.reshape(-1),)
-        slots = tables[seq_of_token, pages]
-    slots = slots * block_size + positions % block_size
+    lists = [s.block_table for s in seqs]
+    blocks, table_parts = _table_parts(lists, width, table_rows, seq_of_token, positions // block_size)
+    slots = blocks * block_size + positions % block_size
     sampled = tuple(i for i, d in enumerate(batch.do_sample) if d)
     idx = np.asarray(sampled, np.int64)
     logits_indices = cu_q[1:][idx] - 1 if sampled else np.zeros(0, np.int32)
@@ -312,6 +301,28 @@ def build_step_inputs(
         all_greedy=bool((temps == 0).all()),
         needs_top_k_top_p=bool(((top_ks > 0) | (top_ps < 1.0)).any()),
     )
+
+
+def _table_parts(
+    lists: list[list[int]],
+    width: int,
+    table_rows: BlockTableRows | DeviceTableRows | None,
+    seq_of_token: np.ndarray,
+    pages: np.ndarray,
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """(the block of each token's page, what the step's copy carries of its table): the table
+    itself, flat (rebuilt from `lists`, or gathered from kept rows), or, with a `DeviceTableRows`,
+    its rows' indices and the entries written since the step before."""
+    if isinstance(table_rows, DeviceTableRows):
+        index, flat, values = table_rows.parts(lists, width)
+        return table_rows.host.rows[index[seq_of_token], pages], (index, flat, values)
+    if table_rows is not None:
+        tables = table_rows.gather(lists, width)
+    else:
+        tables = np.zeros((len(lists), width), np.int32)
+        for i, table in enumerate(lists):
+            tables[i, : len(table)] = table
+    return tables[seq_of_token, pages], (tables.reshape(-1),)
 
 
 def _to_device(packed: np.ndarray, device: torch.device, staging: torch.Tensor | None) -> torch.Tensor:
