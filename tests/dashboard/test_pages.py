@@ -369,6 +369,9 @@ def test_validation_picks_the_profile_of_a_shipped_replays_engine(monkeypatch):
             SHIPPED_PROFILE_DIR / "superseded" / "qwen3-0.6b_h200_tp1_bs16_async_2026-12-03_1453.json"
         ),  # before kept block-table rows
         "h200_qwen3-0.6b_bs16_async_tr_azure-conv_x1": str(
+            SHIPPED_PROFILE_DIR / "superseded" / "qwen3-0.6b_h200_tp1_bs16_async_2026-12-04_0121.json"
+        ),  # before the block tables' device copy
+        "h200_qwen3-0.6b_bs16_async_dc_azure-conv_x1": str(
             SHIPPED_PROFILE_DIR / "qwen3-0.6b_h200_tp1_bs16_async.json"
         ),
         "h200_qwen3-0.6b_bs256_light": str(

@@ -105,32 +105,38 @@ def test_pinned_shipped_suite_scoreboard():
     """Pinned to the shipped replays (detects change in measured data, not correctness), each scored
     on the shipped profile of its engine as `kvplan validate --suite` does (replays of the engine
     before whole-step graphs, before kept block-table rows or before their device copy, on the profiles
-    it superseded): 45 replays held out for their profiles meet 210 of 315 targets, the 15 scored on
-    shipped profiles 89 of 105. Every Qwen3-0.6B profile of
+    it superseded): 54 replays held out for their profiles meet 256 of 378 targets, the 21 scored on
+    shipped profiles 118 of 147. Every Qwen3-0.6B profile of
     the step-graph engine is a refit with the span term made after that engine's `_sg_` and `_d3_`
     replays were seen, so of those only the Qwen3-8B ones stay held out (3 `_sg_`: 19 of 21; 6
     `_d3_`: 39 of 42); the eight `_sp_` replays, declared with the block-16 async refit's rule and
     served after it, 18 of 56 on that refit (superseded since by the engine with kept block-table
     rows); the three `_tr_` replays of that engine, declared with its block-16 async fit's rule and
     served after it, 17 of 21; the three `_dt_` replays of the engine with the tables' device copy,
-    declared with its block-16 synchronous fit's rule and served after it, 14 of 21. The knees are searched and bracketed on the step-graph engine's
+    declared with its block-16 synchronous fit's rule and served after it, 14 of 21; the nine `_dc_`
+    replays of the engine with the device copy, declared with its block-16 async fit's rule and served
+    after it (a light window of each family and 0.9x and 1.1x each knee it simulates), 46 of 63 on
+    that fit, which ships. The knees are searched and bracketed on the step-graph engine's
     replays, and every simulated knee sits above its real bracket: mooncake_synthetic 4.35x against
     3.9-4.3x, azure_code_2023 13x against a run that met and one that missed at 11.7x,
     azure_conv_2023 12x against 10.8-11.9x. Under the suite's second SLO (mean TPOT 50 ms) only
     mooncake_synthetic has a knee below 256x: 4.84x against 4.4-4.8x. The 17 replays with a repeat
     meet 46 targets and have 65 inside their band. Each family's second base is a replay of the
-    engine with kept block-table rows, whose knees (on its block-16 async profile) sit inside the
-    real runs at 0.9x and 1.1x of them (not held out: declared after the fit): mooncake 4.32x in
-    3.9-4.8x, azure_code 12.7x in 11.4-14x, azure_conv 11.7x in 10.6-12.9x."""
+    engine with kept block-table rows, whose knees (on its block-16 async profile, superseded since)
+    sit inside the real runs at 0.9x and 1.1x of them (not held out: declared after the fit):
+    mooncake 4.32x in 3.9-4.8x, azure_code 12.7x in 11.4-14x, azure_conv 11.7x in 10.6-12.9x. Its
+    third is a replay of the engine with the tables' device copy, whose knees (on the shipped
+    block-16 async profile) sit inside its held-out runs at 0.9x and 1.1x of them: mooncake 4.32x in
+    3.9-4.7x, azure_code 12.6x in 11.3-13.8x, azure_conv 11.7x in 10.5-12.9x."""
     from simulator.validate import validate_profile
 
     suite = load_suite(VALIDATION / "suite.json")
     rows, families = run_suite(suite, lambda run: validate_profile("auto", run), progress=False)
     held = rows[rows["held_out"]]
-    assert (len(held), int(held["targets_met"].sum())) == (45, 210)
-    assert (len(rows), int(rows["targets_met"].sum())) == (106, 449)
+    assert (len(held), int(held["targets_met"].sum())) == (54, 256)
+    assert (len(rows), int(rows["targets_met"].sum())) == (115, 495)
     shipped = held[held["shipped"]]
-    assert (len(shipped), int(shipped["targets_met"].sum())) == (15, 89)
+    assert (len(shipped), int(shipped["targets_met"].sum())) == (21, 118)
     graphs = held[held["run"].str.contains("_sg_")]
     assert (len(graphs), int(graphs["targets_met"].sum())) == (3, 19)
     assert set(graphs["profile"]) == {"qwen3-8b_h200_tp1_bs16_async.json"}
@@ -146,14 +152,19 @@ def test_pinned_shipped_suite_scoreboard():
     assert set(span["profile"]) == {"qwen3-0.6b_h200_tp1_bs16_async_2026-12-03_1453.json"}
     rows_engine = held[held["run"].str.contains("_tr_")]
     assert (len(rows_engine), int(rows_engine["targets_met"].sum())) == (3, 17)
-    assert set(rows_engine["profile"]) == {"qwen3-0.6b_h200_tp1_bs16_async.json"}
+    assert set(rows_engine["profile"]) == {"qwen3-0.6b_h200_tp1_bs16_async_2026-12-04_0121.json"}
+    device_copy = held[held["run"].str.contains("_async_dc_")]
+    assert (len(device_copy), int(device_copy["targets_met"].sum())) == (9, 46)
+    assert set(device_copy["profile"]) == {"qwen3-0.6b_h200_tp1_bs16_async.json"}
     device_tables = held[held["run"].str.contains("_dt_")]
     assert (len(device_tables), int(device_tables["targets_met"].sum())) == (3, 14)
     assert set(device_tables["profile"]) == {"qwen3-0.6b_h200_tp1_bs16.json"}
     assert list(dict.fromkeys(families["slo"])) == ["ttft_p99=1s", "tpot_mean=50ms"]
-    kept_rows = families[families["base_profile"] == "qwen3-0.6b_h200_tp1_bs16_async.json"]
+    kept_rows = families[families["base_profile"] == "qwen3-0.6b_h200_tp1_bs16_async_2026-12-04_0121.json"]
     _kept_rows_knees(kept_rows.set_index(["slo", "family"]))
-    families = families[families["base_profile"] != "qwen3-0.6b_h200_tp1_bs16_async.json"]
+    device_copy = families[families["base_profile"] == "qwen3-0.6b_h200_tp1_bs16_async.json"]
+    _device_copy_knees(device_copy.set_index(["slo", "family"]))
+    families = families[~families["base"].str.contains("_async_(?:tr|dc)_")]
     tpot = families[families["slo"] == "tpot_mean=50ms"].set_index("family")
     # mooncake's mean TPOT reaches 50 ms between its 4.4x and 4.8x runs; the azure families' never
     assert tpot["simulated_knee"].to_dict() == pytest.approx(
@@ -223,6 +234,38 @@ def _kept_rows_knees(knees) -> None:
     )
 
 
+def _device_copy_knees(knees) -> None:
+    """The knees of the engine with the block tables' device copy, on its shipped block-16 async
+    profile, bracketed by its held-out replays at 0.9x and 1.1x of them (rates fixed before serving)."""
+    ttft = knees.loc["ttft_p99=1s"]
+    assert ttft["simulated_knee"].to_dict() == pytest.approx(
+        {"mooncake_synthetic": 4.32, "azure_code_2023": 12.56, "azure_conv_2023": 11.70}, abs=0.005
+    )
+    assert ttft[["real_passes_at", "real_fails_at"]].to_dict("index") == {
+        "mooncake_synthetic": {"real_passes_at": 3.9, "real_fails_at": 4.7},
+        "azure_code_2023": {"real_passes_at": 11.3, "real_fails_at": 13.8},
+        "azure_conv_2023": {"real_passes_at": 10.5, "real_fails_at": 12.9},
+    }
+    assert (
+        (ttft["real_passes_at"] < ttft["simulated_knee"]) & (ttft["simulated_knee"] < ttft["real_fails_at"])
+    ).all()
+    past = ["num_bracketing", "num_past_knee", "past_knee_met"]
+    assert {f: tuple(v.values()) for f, v in ttft[past].to_dict("index").items()} == {
+        "mooncake_synthetic": (3, 1, 4),
+        "azure_code_2023": (3, 1, 6),
+        "azure_conv_2023": (3, 1, 3),
+    }
+    tpot = knees.loc["tpot_mean=50ms"]
+    assert tpot["simulated_knee"].to_dict() == pytest.approx(
+        {"mooncake_synthetic": 4.91, "azure_code_2023": 256.0, "azure_conv_2023": 256.0}, abs=0.005
+    )
+    assert tpot["real_passes_at"].to_dict() == {
+        "mooncake_synthetic": 4.7,
+        "azure_code_2023": 13.8,
+        "azure_conv_2023": 12.9,
+    }
+
+
 def test_a_replay_seen_before_a_profile_was_fitted_is_not_held_out_for_it(tmp_path):
     profile = SHIPPED_PROFILE_DIR / "superseded" / "qwen3-0.6b_h200_tp1_bs16_async_2026-12-02_0709.json"
     created = json.loads(profile.read_text())["created"]
@@ -260,7 +303,7 @@ def test_every_shipped_replay_folder_holds_its_records():
     folders = [d for root in roots for d in sorted(root.glob("h200_*")) if d.is_dir()]
     needed = ("run.json", "trace.parquet", "requests.parquet", "steps.parquet")
     missing = [f"{d.parent.name}/{d.name}/{f}" for d in folders for f in needed if not (d / f).is_file()]
-    assert len(folders) == 130
+    assert len(folders) == 139
     assert missing == []
 
 

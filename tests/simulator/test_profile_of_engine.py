@@ -56,7 +56,9 @@ def test_validate_auto_pairs_replays_with_their_engines_profile():
         "h200_qwen3-0.6b_bs16_dt_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16.json",
         # the engine before kept block-table rows: the block-16 async fit it was served beside
         "h200_qwen3-0.6b_bs16_async_sg_azure-conv_x1": "superseded/qwen3-0.6b_h200_tp1_bs16_async_2026-12-03_1453.json",
-        "h200_qwen3-0.6b_bs16_async_tr_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16_async.json",
+        # the engine with kept rows and no device copy: its block-16 async fit, superseded since
+        "h200_qwen3-0.6b_bs16_async_tr_azure-conv_x1": "superseded/qwen3-0.6b_h200_tp1_bs16_async_2026-12-04_0121.json",
+        "h200_qwen3-0.6b_bs16_async_dc_azure-conv_x1": "qwen3-0.6b_h200_tp1_bs16_async.json",
         "h200_qwen3-0.6b_bs256_async_azure-conv_x4b": "superseded/qwen3-0.6b_h200_tp1_bs256_async_2026-12-02_1222.json",
         "h200_qwen3-0.6b_bs256_async_sg_azure-conv_x8": "qwen3-0.6b_h200_tp1_bs256_async.json",
         "h200_qwen3-0.6b_bs256_light": "superseded/qwen3-0.6b_h200_tp1_bs256_2026-12-02_0721.json",
