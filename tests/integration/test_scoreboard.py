@@ -160,10 +160,17 @@ def test_pinned_shipped_suite_scoreboard():
     assert (len(device_tables), int(device_tables["targets_met"].sum())) == (3, 14)
     assert set(device_tables["profile"]) == {"qwen3-0.6b_h200_tp1_bs16.json"}
     assert list(dict.fromkeys(families["slo"])) == ["ttft_p99=1s", "tpot_mean=50ms"]
-    kept_rows = families[families["base_profile"] == "qwen3-0.6b_h200_tp1_bs16_async_2026-12-04_0121.json"]
-    _kept_rows_knees(kept_rows.set_index(["slo", "family"]))
+    for base_profile in BRACKETED_KNEES:
+        _bracketed_knees(
+            families[families["base_profile"] == base_profile].set_index(["slo", "family"]), base_profile
+        )
     device_copy = families[families["base_profile"] == "qwen3-0.6b_h200_tp1_bs16_async.json"]
-    _device_copy_knees(device_copy.set_index(["slo", "family"]))
+    tpot = device_copy[device_copy["slo"] == "tpot_mean=50ms"].set_index("family")
+    assert tpot["real_passes_at"].to_dict() == {
+        "mooncake_synthetic": 4.7,
+        "azure_code_2023": 13.8,
+        "azure_conv_2023": 12.9,
+    }
     families = families[~families["base"].str.contains("_async_(?:tr|dc)_")]
     tpot = families[families["slo"] == "tpot_mean=50ms"].set_index("family")
     # mooncake's mean TPOT reaches 50 ms between its 4.4x and 4.8x runs; the azure families' never
@@ -208,62 +215,47 @@ def test_pinned_shipped_suite_scoreboard():
     }
 
 
-def _kept_rows_knees(knees) -> None:
-    """The knees of the engine with kept block-table rows (its replays at 0.9x and 1.1x of each)."""
+FAMILIES = ("mooncake_synthetic", "azure_code_2023", "azure_conv_2023")
+# per engine (its family knees' base profile): each family's simulated TTFT knee, the real rates that
+# met and missed the SLO around it, (bracketing replays, replays past it, their targets met), and the
+# simulated TPOT knee of mooncake_synthetic (the azure families' are over 256x)
+BRACKETED_KNEES = {
+    # kept block-table rows, its replays at 0.9x and 1.1x declared after the fit
+    "qwen3-0.6b_h200_tp1_bs16_async_2026-12-04_0121.json": (
+        (4.32, 12.70, 11.69),
+        ((3.9, 4.8), (11.4, 14.0), (10.6, 12.9)),
+        ((3, 1, 1), (3, 1, 7), (3, 1, 4)),
+        4.86,
+    ),
+    # the tables' device copy (the shipped profile), its replays held out, rates fixed before serving
+    "qwen3-0.6b_h200_tp1_bs16_async.json": (
+        (4.32, 12.56, 11.70),
+        ((3.9, 4.7), (11.3, 13.8), (10.5, 12.9)),
+        ((3, 1, 4), (3, 1, 6), (3, 1, 3)),
+        4.91,
+    ),
+}
+
+
+def _bracketed_knees(knees, base_profile: str) -> None:
+    """The knees of an engine whose real replays at 0.9x and 1.1x of each simulated knee bracket it."""
+    simulated, brackets, past_counts, tpot_knee = BRACKETED_KNEES[base_profile]
     ttft = knees.loc["ttft_p99=1s"]
-    assert ttft["simulated_knee"].to_dict() == pytest.approx(
-        {"mooncake_synthetic": 4.32, "azure_code_2023": 12.70, "azure_conv_2023": 11.69}, abs=0.005
-    )
+    assert ttft["simulated_knee"].to_dict() == pytest.approx(dict(zip(FAMILIES, simulated)), abs=0.005)
     assert ttft[["real_passes_at", "real_fails_at"]].to_dict("index") == {
-        "mooncake_synthetic": {"real_passes_at": 3.9, "real_fails_at": 4.8},
-        "azure_code_2023": {"real_passes_at": 11.4, "real_fails_at": 14.0},
-        "azure_conv_2023": {"real_passes_at": 10.6, "real_fails_at": 12.9},
+        f: {"real_passes_at": lo, "real_fails_at": hi} for f, (lo, hi) in zip(FAMILIES, brackets)
     }
     assert (
         (ttft["real_passes_at"] < ttft["simulated_knee"]) & (ttft["simulated_knee"] < ttft["real_fails_at"])
     ).all()
     past = ["num_bracketing", "num_past_knee", "past_knee_met"]
-    assert {f: tuple(v.values()) for f, v in ttft[past].to_dict("index").items()} == {
-        "mooncake_synthetic": (3, 1, 1),
-        "azure_code_2023": (3, 1, 7),
-        "azure_conv_2023": (3, 1, 4),
-    }
+    assert {f: tuple(v.values()) for f, v in ttft[past].to_dict("index").items()} == dict(
+        zip(FAMILIES, past_counts)
+    )
     tpot = knees.loc["tpot_mean=50ms"]
     assert tpot["simulated_knee"].to_dict() == pytest.approx(
-        {"mooncake_synthetic": 4.86, "azure_code_2023": 256.0, "azure_conv_2023": 256.0}, abs=0.005
+        dict(zip(FAMILIES, (tpot_knee, 256.0, 256.0))), abs=0.005
     )
-
-
-def _device_copy_knees(knees) -> None:
-    """The knees of the engine with the block tables' device copy, on its shipped block-16 async
-    profile, bracketed by its held-out replays at 0.9x and 1.1x of them (rates fixed before serving)."""
-    ttft = knees.loc["ttft_p99=1s"]
-    assert ttft["simulated_knee"].to_dict() == pytest.approx(
-        {"mooncake_synthetic": 4.32, "azure_code_2023": 12.56, "azure_conv_2023": 11.70}, abs=0.005
-    )
-    assert ttft[["real_passes_at", "real_fails_at"]].to_dict("index") == {
-        "mooncake_synthetic": {"real_passes_at": 3.9, "real_fails_at": 4.7},
-        "azure_code_2023": {"real_passes_at": 11.3, "real_fails_at": 13.8},
-        "azure_conv_2023": {"real_passes_at": 10.5, "real_fails_at": 12.9},
-    }
-    assert (
-        (ttft["real_passes_at"] < ttft["simulated_knee"]) & (ttft["simulated_knee"] < ttft["real_fails_at"])
-    ).all()
-    past = ["num_bracketing", "num_past_knee", "past_knee_met"]
-    assert {f: tuple(v.values()) for f, v in ttft[past].to_dict("index").items()} == {
-        "mooncake_synthetic": (3, 1, 4),
-        "azure_code_2023": (3, 1, 6),
-        "azure_conv_2023": (3, 1, 3),
-    }
-    tpot = knees.loc["tpot_mean=50ms"]
-    assert tpot["simulated_knee"].to_dict() == pytest.approx(
-        {"mooncake_synthetic": 4.91, "azure_code_2023": 256.0, "azure_conv_2023": 256.0}, abs=0.005
-    )
-    assert tpot["real_passes_at"].to_dict() == {
-        "mooncake_synthetic": 4.7,
-        "azure_code_2023": 13.8,
-        "azure_conv_2023": 12.9,
-    }
 
 
 def test_a_replay_seen_before_a_profile_was_fitted_is_not_held_out_for_it(tmp_path):
