@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -233,11 +234,18 @@ def validate_suite(args: argparse.Namespace) -> int:
     if args.repeat is not None or len(args.profile) > 1:
         print("kvplan validate: --suite takes at most one --profile and no --repeat", file=sys.stderr)
         return 2
+    if args.workers is not None and args.workers < 1:
+        print(
+            f"kvplan validate: --workers must be a positive number of processes, got {args.workers}",
+            file=sys.stderr,
+        )
+        return 2
     suite = load_suite(args.suite)
     choice = "auto" if args.profile == [None] else args.profile[0]
     fixed = None if choice == "auto" else validate_profile(choice, suite.replays[0].run)
+    workers = args.workers or min(os.cpu_count() or 1, len(suite.replays))
     rows, families = run_suite(
-        suite, lambda run: validate_profile("auto", run) if choice == "auto" else fixed
+        suite, lambda run: validate_profile("auto", run) if choice == "auto" else fixed, workers=workers
     )
     print(format_scoreboard(suite, rows, families))
     if args.out:
@@ -424,6 +432,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 0 even when the simulation is outside the targets (by default: exit status 1; a "
         "table of several runs or profiles always exits 0)",
+    )
+    val.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="--suite: processes that score its replays and search its knees at once (default: one a "
+        "CPU core; 1 runs them in this process)",
     )
     val.set_defaults(func=cmd_validate)
     fit = sub.add_parser("fit", help="fit a latency profile on engine step records (metadata from --like)")

@@ -176,28 +176,45 @@ _ENGINE_KEY = (
 )  # fmt: skip
 
 
-def family_rows(suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | None]) -> pd.DataFrame:
+def family_rows(
+    suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | None], searches: dict | None = None
+) -> pd.DataFrame:
     """Per family and SLO of the suite (`slos`): the simulated knee (rate scale of its base window)
     and the real replays' bracket: the highest served scale whose real run met the SLO and the lowest
     that did not, among the family's replays of the base's model and engine configuration
     (`engine_key`); and those replays past the simulated knee: how many, their targets met, and for
     the ones with a repeat the targets inside the band of the two real runs."""
+    searches = searches or {}
     out = []
-    for slo in suite.slos:
-        for family, bases in suite.families.items():
-            for base in bases:
-                out.append({"slo": slo, **_family_knee(suite, family, base, slo, rows, profiles)})
+    for slo, family, base_replay in knee_bases(suite):
+        search = searches.get((slo, base_replay.run.name))
+        if search is None:
+            search = knee_search(base_replay.run, base_replay.rate_scale, profiles[base_replay.run.name], slo)
+        out.append({"slo": slo, **_family_knee(suite, family, base_replay, slo, rows, profiles, search)})
     return pd.DataFrame(out)
 
 
-def _family_knee(suite: Suite, family: str, base: Path, slo: str, rows: pd.DataFrame, profiles) -> dict:
-    mine = [r for r in suite.replays if r.family == family]
-    base_replay = next((r for r in mine if r.run == base), None)
-    if base_replay is None:
-        raise ValueError(f"{suite.path}: family {family}: base {base.name!r} is not one of its replays")
-    key = engine_key(base)
-    mine = [r for r in mine if engine_key(r.run) == key]
-    search = knee_search(base_replay.run, base_replay.rate_scale, profiles[base_replay.run.name], slo)
+def knee_bases(suite: Suite) -> list[tuple[str, str, SuiteReplay]]:
+    """(slo, family, base replay) of each knee the suite asks for, in the order the table lists them."""
+    out = []
+    for slo in suite.slos:
+        for family, bases in suite.families.items():
+            mine = [r for r in suite.replays if r.family == family]
+            for base in bases:
+                base_replay = next((r for r in mine if r.run == base), None)
+                if base_replay is None:
+                    raise ValueError(
+                        f"{suite.path}: family {family}: base {base.name!r} is not one of its replays"
+                    )
+                out.append((slo, family, base_replay))
+    return out
+
+
+def _family_knee(
+    suite: Suite, family: str, base_replay: SuiteReplay, slo: str, rows: pd.DataFrame, profiles, search
+) -> dict:
+    key = engine_key(base_replay.run)
+    mine = [r for r in suite.replays if r.family == family and engine_key(r.run) == key]
     knee = search.lo
     served = rows.set_index("run").loc[[r.run.name for r in mine]]
     scales = pd.Series({r.run.name: r.rate_scale for r in mine})
@@ -207,7 +224,7 @@ def _family_knee(suite: Suite, family: str, base: Path, slo: str, rows: pd.DataF
     repeated = past[past["band_met"].notna()]
     return {
         "family": family,
-        "base": base.name,
+        "base": base_replay.run.name,
         "base_profile": _name(profiles[base_replay.run.name]),
         "simulated_knee": knee,
         "knee_found": search.hi is not None,  # else no scale up to MAX_KNEE missed
@@ -221,22 +238,54 @@ def _family_knee(suite: Suite, family: str, base: Path, slo: str, rows: pd.DataF
     }
 
 
-def run_suite(suite: Suite, profile_for, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-replay rows, per-family rows); `profile_for(run_dir)` names each replay's profile."""
+def run_suite(
+    suite: Suite, profile_for, progress: bool = True, workers: int = 1
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-replay rows, per-family rows); `profile_for(run_dir)` names each replay's profile. With
+    `workers` > 1 the replays' scores and the knee searches run in a pool of that many processes
+    (the same rows: every simulation is deterministic)."""
     from tqdm import tqdm
 
+    if workers < 1:
+        raise ValueError(f"workers: must be a positive integer, got {workers}")
     profiles = {r.run.name: profile_for(r.run) for r in suite.replays}
+    bases = knee_bases(suite)
+    searches: dict = {}
+    bar = tqdm(total=len(suite.replays) + len(bases), desc="scoring", unit="sim", disable=not progress)
+    with bar:
+        if workers == 1:
+            scores = []
+            for r in suite.replays:
+                scores.append(score_replay(r, profiles[r.run.name]))
+                bar.update()
+        else:
+            scores, searches = _in_pool(suite, profiles, bases, workers, bar)
     rows = pd.DataFrame(
         [
-            {
-                **score_replay(r, profiles[r.run.name]),
-                "profile": _name(profiles[r.run.name]),
-                "shipped": is_shipped(profiles[r.run.name]),
-            }
-            for r in tqdm(suite.replays, desc="scoring", unit="replay", disable=not progress)
+            {**s, "profile": _name(profiles[r.run.name]), "shipped": is_shipped(profiles[r.run.name])}
+            for r, s in zip(suite.replays, scores)
         ]
     )
-    return rows, family_rows(suite, rows, profiles)
+    return rows, family_rows(suite, rows, profiles, searches)
+
+
+def _in_pool(suite: Suite, profiles: dict, bases: list, workers: int, bar) -> tuple[list[dict], dict]:
+    """Every replay's score and every knee search, in a process pool (the searches, longest, first)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from simulator.sweep import pool_start_method
+
+    context = multiprocessing.get_context(pool_start_method())
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        knees = {
+            (slo, b.run.name): pool.submit(knee_search, b.run, b.rate_scale, profiles[b.run.name], slo)
+            for slo, _, b in bases
+        }
+        scored = [pool.submit(score_replay, r, profiles[r.run.name]) for r in suite.replays]
+        for future in (*knees.values(), *scored):
+            future.add_done_callback(lambda _: bar.update())
+        return [f.result() for f in scored], {k: f.result() for k, f in knees.items()}
 
 
 def is_shipped(profile: Path | None) -> bool:

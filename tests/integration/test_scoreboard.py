@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from simulator.cli import main
@@ -72,6 +74,10 @@ def test_the_cli_writes_both_tables(tmp_path, capsys):
     assert "Fidelity scoreboard: suite.json" in out and "Knee (ttft_p99=1s)" in out
     assert (tmp_path / "out" / "scoreboard_replays.csv").is_file()
     assert (tmp_path / "out" / "scoreboard_families.csv").is_file()
+    assert main(["validate", "--suite", path, "--workers", "0"]) == 2
+    assert "--workers must be a positive number of processes, got 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="workers: must be a positive integer, got 0"):
+        run_suite(load_suite(path), lambda run: PROFILE, progress=False, workers=0)
 
 
 def test_a_bad_suite_names_the_file_and_the_entry(tmp_path):
@@ -131,7 +137,10 @@ def test_pinned_shipped_suite_scoreboard():
     from simulator.validate import validate_profile
 
     suite = load_suite(VALIDATION / "suite.json")
-    rows, families = run_suite(suite, lambda run: validate_profile("auto", run), progress=False)
+    workers = min(2, os.cpu_count() or 1)
+    rows, families = run_suite(
+        suite, lambda run: validate_profile("auto", run), progress=False, workers=workers
+    )
     held = rows[rows["held_out"]]
     assert (len(held), int(held["targets_met"].sum())) == (54, 256)
     assert (len(rows), int(rows["targets_met"].sum())) == (115, 495)
@@ -326,6 +335,10 @@ def test_replays_past_the_knee_score_their_targets_and_their_band(tmp_path):
     assert (family["num_past_knee_repeated"], family["past_knee_band_met"]) == (1, band)
     text = format_scoreboard(suite, rows, families)
     assert f"past it: 2 real replays meet {met} of 14 targets; the 1 with a repeat {band} of 7 inside" in text
+    # a pool of two processes scores and searches the same
+    pooled_rows, pooled_families = run_suite(suite, lambda run: PROFILE, progress=False, workers=2)
+    pd.testing.assert_frame_equal(pooled_rows, rows)
+    pd.testing.assert_frame_equal(pooled_families, families)
 
 
 def test_each_slo_of_the_suite_gives_each_family_a_knee(tmp_path):
