@@ -258,6 +258,9 @@ def run_suite(
             for r in suite.replays:
                 scores.append(score_replay(r, profiles[r.run.name]))
                 bar.update()
+            for slo, _, b in bases:
+                searches[(slo, b.run.name)] = knee_search(b.run, b.rate_scale, profiles[b.run.name], slo)
+                bar.update()
         else:
             scores, searches = _in_pool(suite, profiles, bases, workers, bar)
     rows = pd.DataFrame(
@@ -277,7 +280,8 @@ def _in_pool(suite: Suite, profiles: dict, bases: list, workers: int, bar) -> tu
     from simulator.sweep import pool_start_method
 
     context = multiprocessing.get_context(pool_start_method())
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
         knees = {
             (slo, b.run.name): pool.submit(knee_search, b.run, b.rate_scale, profiles[b.run.name], slo)
             for slo, _, b in bases
@@ -286,6 +290,11 @@ def _in_pool(suite: Suite, profiles: dict, bases: list, workers: int, bar) -> tu
         for future in (*knees.values(), *scored):
             future.add_done_callback(lambda _: bar.update())
         return [f.result() for f in scored], {k: f.result() for k, f in knees.items()}
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # a bad replay or Ctrl-C: drop what is pending
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def is_shipped(profile: Path | None) -> bool:

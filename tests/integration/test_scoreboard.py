@@ -391,3 +391,13 @@ def test_a_family_with_a_base_per_engine_gets_a_knee_for_each(tmp_path):
     bad = {"azure_conv_2023": {"base": [1]}}
     with pytest.raises(ValueError, match="suite.json: not a scoreboard suite .*'base' is a replay folder"):
         load_suite(_suite(tmp_path, replays, bad))
+
+
+def test_a_missing_replay_folder_is_an_error_naming_it_in_a_pool_too(tmp_path):
+    replays = [
+        _replay("h200_qwen3-0.6b_bs16_async_x8", 8, True),
+        {**_replay("x", 8, True), "run": str(tmp_path / "gone")},
+    ]
+    suite = load_suite(_suite(tmp_path, replays))
+    with pytest.raises(FileNotFoundError, match="gone: not a replay folder, missing run.json"):
+        run_suite(suite, lambda run: PROFILE, progress=False, workers=2)
