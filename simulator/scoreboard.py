@@ -177,19 +177,17 @@ _ENGINE_KEY = (
 
 
 def family_rows(
-    suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | None], searches: dict | None = None
+    suite: Suite, rows: pd.DataFrame, profiles: dict[str, Path | None], searches: dict
 ) -> pd.DataFrame:
     """Per family and SLO of the suite (`slos`): the simulated knee (rate scale of its base window)
     and the real replays' bracket: the highest served scale whose real run met the SLO and the lowest
     that did not, among the family's replays of the base's model and engine configuration
     (`engine_key`); and those replays past the simulated knee: how many, their targets met, and for
-    the ones with a repeat the targets inside the band of the two real runs."""
-    searches = searches or {}
+    the ones with a repeat the targets inside the band of the two real runs. `searches`: each knee's
+    `knee_search`, by (slo, base replay's name)."""
     out = []
     for slo, family, base_replay in knee_bases(suite):
-        search = searches.get((slo, base_replay.run.name))
-        if search is None:
-            search = knee_search(base_replay.run, base_replay.rate_scale, profiles[base_replay.run.name], slo)
+        search = searches[(slo, base_replay.run.name)]
         out.append({"slo": slo, **_family_knee(suite, family, base_replay, slo, rows, profiles, search)})
     return pd.DataFrame(out)
 
@@ -250,46 +248,42 @@ def run_suite(
         raise ValueError(f"workers: must be a positive integer, got {workers}")
     profiles = {r.run.name: profile_for(r.run) for r in suite.replays}
     bases = knee_bases(suite)
-    searches: dict = {}
-    bar = tqdm(total=len(suite.replays) + len(bases), desc="scoring", unit="sim", disable=not progress)
-    with bar:
-        if workers == 1:
-            scores = []
-            for r in suite.replays:
-                scores.append(score_replay(r, profiles[r.run.name]))
-                bar.update()
-            for slo, _, b in bases:
-                searches[(slo, b.run.name)] = knee_search(b.run, b.rate_scale, profiles[b.run.name], slo)
-                bar.update()
-        else:
-            scores, searches = _in_pool(suite, profiles, bases, workers, bar)
+    # the knee searches (the longest) first, then every replay's score
+    tasks = [(knee_search, (b.run, b.rate_scale, profiles[b.run.name], slo)) for slo, _, b in bases]
+    tasks += [(score_replay, (r, profiles[r.run.name])) for r in suite.replays]
+    with tqdm(total=len(tasks), desc="scoring", unit="sim", disable=not progress) as bar:
+        results = _run_tasks(tasks, workers, bar)
+    searches = {(slo, b.run.name): s for (slo, _, b), s in zip(bases, results)}
     rows = pd.DataFrame(
         [
             {**s, "profile": _name(profiles[r.run.name]), "shipped": is_shipped(profiles[r.run.name])}
-            for r, s in zip(suite.replays, scores)
+            for r, s in zip(suite.replays, results[len(bases) :])
         ]
     )
     return rows, family_rows(suite, rows, profiles, searches)
 
 
-def _in_pool(suite: Suite, profiles: dict, bases: list, workers: int, bar) -> tuple[list[dict], dict]:
-    """Every replay's score and every knee search, in a process pool (the searches, longest, first)."""
+def _run_tasks(tasks: list, workers: int, bar) -> list:
+    """Each (function, args)'s result, in order: in this process (workers=1) or in a process pool."""
+    if workers == 1:
+        results = []
+        for fn, args in tasks:
+            results.append(fn(*args))
+            bar.update()
+        return results
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     from simulator.sweep import pool_start_method
 
-    context = multiprocessing.get_context(pool_start_method())
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context(pool_start_method())
+    )
     try:
-        knees = {
-            (slo, b.run.name): pool.submit(knee_search, b.run, b.rate_scale, profiles[b.run.name], slo)
-            for slo, _, b in bases
-        }
-        scored = [pool.submit(score_replay, r, profiles[r.run.name]) for r in suite.replays]
-        for future in (*knees.values(), *scored):
+        futures = [pool.submit(fn, *args) for fn, args in tasks]
+        for future in futures:
             future.add_done_callback(lambda _: bar.update())
-        return [f.result() for f in scored], {k: f.result() for k, f in knees.items()}
+        return [f.result() for f in futures]
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)  # a bad replay or Ctrl-C: drop what is pending
         raise
